@@ -1,10 +1,10 @@
 """QuantSpec, quantize / dequantize / fake_quant, QTensor.
 
     import fp4lab as fl
-    spec = fl.nvfp4()                         # E2M1, 1x16 tiles, E4M3 block scale, FP32 tensor scale
-    q = fl.quantize(x, spec)                  # QTensor: codes (uint8), block scales, outer scale
-    x_hat = q.dequantize()                    # same shape and dtype as x
-    y = fl.fake_quant(x, spec)                # = quantize(x, spec).dequantize(), straight-through grad
+    spec = fl.nvfp4()           # E2M1, 1x16 tiles, E4M3 block scale, FP32 tensor scale
+    q = fl.quantize(x, spec)    # QTensor: codes (uint8), block scales, outer scale
+    x_hat = q.dequantize()      # same shape and dtype as x
+    y = fl.fake_quant(x, spec)  # = quantize(x, spec).dequantize(), straight-through grad
 
 Blocks run along `spec.axis` (default -1, the contraction axis). 2D tiles (ty, tx) also block
 the axis before it (after moving `axis` last), as weight tiles of 16x16 do.
