@@ -1,0 +1,247 @@
+"""Quantized dot_general: Fprop, Dgrad and Wgrad with their own operand specs.
+
+`qdot_general(lhs, rhs, dimension_numbers, recipe)` is a drop-in for `lax.dot_general`. A
+custom VJP runs the three GEMMs of ARCHITECTURE §3:
+
+    Fprop  y  = Q(x) . Q(w)          quantized along the contraction axis K
+    Dgrad  dx = Q(dy) . Q(w)^T       quantized along the output-feature axis N
+    Wgrad  dw = Q(x)^T . Q(dy)       quantized along the token axis M
+
+Operands are quantized in a canonical layout, lhs -> (B, M, K) and rhs -> (B, N, K), with the
+batch, free and contracting dimensions of `dimension_numbers` merged, so any dimension numbers
+that flax layers use work. The quantized values are mapped back to the original layout and
+the GEMMs are the ones `jax.vjp(lax.dot_general)` runs, so a recipe without quantization is
+bit-identical to `lax.dot_general` in values and gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from fp4lab import recipes as R
+from fp4lab import transforms as T
+from fp4lab.quantize import QuantSpec, quantize_dequantize
+
+__all__ = ["qdot_general", "Layout", "operand_keys"]
+
+_OPERAND_INDEX = {
+    "fprop_x": 0,
+    "fprop_w": 1,
+    "dgrad_dy": 2,
+    "dgrad_w": 3,
+    "wgrad_x": 4,
+    "wgrad_dy": 5,
+}
+_GEMM_INDEX = {"fprop": 100, "dgrad": 101, "wgrad": 102}
+
+
+def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
+    """Independent keys for the six operands and the three GEMM rotations of one call."""
+    ks = {name: jax.random.fold_in(key, i) for name, i in _OPERAND_INDEX.items()}
+    ks |= {f"{g}_transform": jax.random.fold_in(key, i) for g, i in _GEMM_INDEX.items()}
+    return ks
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Maps dot_general operands to the canonical (B, M, K) / (B, N, K) / (B, M, N) layout."""
+
+    lhs_shape: tuple
+    rhs_shape: tuple
+    dimension_numbers: tuple
+
+    @classmethod
+    def of(cls, lhs_shape, rhs_shape, dimension_numbers) -> Layout:
+        (lc, rc), (lb, rb) = dimension_numbers
+        dn = ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb)))
+        return cls(tuple(lhs_shape), tuple(rhs_shape), dn)
+
+    @property
+    def lhs_perm(self) -> tuple:
+        (lc, _), (lb, _) = self.dimension_numbers
+        lf = tuple(d for d in range(len(self.lhs_shape)) if d not in lc and d not in lb)
+        return lb + lf + lc
+
+    @property
+    def rhs_perm(self) -> tuple:
+        (_, rc), (_, rb) = self.dimension_numbers
+        rf = tuple(d for d in range(len(self.rhs_shape)) if d not in rc and d not in rb)
+        return rb + rf + rc
+
+    @property
+    def bmnk(self) -> tuple[int, int, int, int]:
+        (lc, _), (lb, _) = self.dimension_numbers
+        b = math.prod(self.lhs_shape[d] for d in lb)
+        k = math.prod(self.lhs_shape[d] for d in lc)
+        m = math.prod(self.lhs_shape) // max(b * k, 1) if b * k else 0
+        n = math.prod(self.rhs_shape) // max(b * k, 1) if b * k else 0
+        return b, m, n, k
+
+    def lhs_to(self, x):
+        b, m, _, k = self.bmnk
+        return jnp.transpose(x, self.lhs_perm).reshape(b, m, k)
+
+    def rhs_to(self, w):
+        b, _, n, k = self.bmnk
+        return jnp.transpose(w, self.rhs_perm).reshape(b, n, k)
+
+    def dy_to(self, dy):
+        b, m, n, _ = self.bmnk
+        return dy.reshape(b, m, n)
+
+    def lhs_from(self, x3):
+        return _from(x3, self.lhs_perm, self.lhs_shape)
+
+    def rhs_from(self, w3):
+        return _from(w3, self.rhs_perm, self.rhs_shape)
+
+
+def _from(a3, perm, shape):
+    a = a3.reshape([shape[p] for p in perm])
+    return jnp.transpose(a, [perm.index(d) for d in range(len(shape))])
+
+
+def _operand(a3, spec: QuantSpec | None, axis: int, transform, key, tkey):
+    """Quantize-dequantize a canonical operand along `axis`, rotated by the GEMM's transform."""
+    if spec is None and transform is None:
+        return a3
+    if spec is None:  # unquantized operand of a rotated GEMM: rotate only
+        moved = jnp.moveaxis(a3, axis, -1)
+        return jnp.moveaxis(T.rotate(moved, transform, tkey), -1, axis).astype(a3.dtype)
+    spec = spec.replace(axis=axis, transform=transform)
+    return quantize_dequantize(a3, spec, key=key, transform_key=tkey, rotated=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    recipe: R.GemmRecipe
+    dimension_numbers: tuple
+    precision: object
+    preferred_element_type: object
+
+
+def _dot(cfg: _Config, a, b):
+    return lax.dot_general(
+        a,
+        b,
+        cfg.dimension_numbers,
+        precision=cfg.precision,
+        preferred_element_type=cfg.preferred_element_type,
+    )
+
+
+def _fprop_operands(cfg: _Config, lhs, rhs, keys, *, rotated: bool):
+    """Dequantized Fprop operands in the original layout (rotated domain if `rotated`)."""
+    r = cfg.recipe
+    lay = Layout.of(lhs.shape, rhs.shape, cfg.dimension_numbers)
+    t = r.transform("fprop")
+    tkey = keys["fprop_transform"]
+    x3 = _operand(lay.lhs_to(lhs), r.fprop_x, 2, t, keys["fprop_x"], tkey)
+    w3 = _operand(lay.rhs_to(rhs), r.fprop_w, 2, t, keys["fprop_w"], tkey)
+    if t is not None and not rotated:
+        x3 = T.unrotate(x3, t, tkey).astype(lhs.dtype)
+        w3 = T.unrotate(w3, t, tkey).astype(rhs.dtype)
+    return lay.lhs_from(x3), lay.rhs_from(w3)
+
+
+def _forward(cfg: _Config, lhs, rhs, key):
+    keys = operand_keys(key)
+    x_hat, w_hat = _fprop_operands(cfg, lhs, rhs, keys, rotated=True)
+    return _dot(cfg, x_hat, w_hat)
+
+
+def _backward_operands(cfg: _Config, lhs, rhs, g, keys):
+    """(w for Dgrad, dy for Dgrad, x for Wgrad, dy for Wgrad) in the original layouts."""
+    r = cfg.recipe
+    if r.backward == "high_precision":
+        return rhs, g, lhs, g
+    if r.backward == "dequantized":
+        x_hat, w_hat = _fprop_operands(cfg, lhs, rhs, keys, rotated=False)
+        return w_hat, g, x_hat, g
+    lay = Layout.of(lhs.shape, rhs.shape, cfg.dimension_numbers)
+    dy3 = lay.dy_to(g)
+    td, tw = r.transform("dgrad"), r.transform("wgrad")
+    kd, kw = keys["dgrad_transform"], keys["wgrad_transform"]
+    # Dgrad contracts N: dy3 (B, M, N) along axis 2, w3 (B, N, K) along axis 1.
+    dy_d = _operand(dy3, r.dgrad_dy, 2, td, keys["dgrad_dy"], kd)
+    w_d = _operand(lay.rhs_to(rhs), r.dgrad_w, 1, td, keys["dgrad_w"], kd)
+    # Wgrad contracts M: x3 (B, M, K) along axis 1, dy3 (B, M, N) along axis 1.
+    x_w = _operand(lay.lhs_to(lhs), r.wgrad_x, 1, tw, keys["wgrad_x"], kw)
+    dy_w = _operand(dy3, r.wgrad_dy, 1, tw, keys["wgrad_dy"], kw)
+    return lay.rhs_from(w_d), dy_d.reshape(g.shape), lay.lhs_from(x_w), dy_w.reshape(g.shape)
+
+
+def _grads(cfg: _Config, lhs, rhs, g, key):
+    w_d, dy_d, x_w, dy_w = _backward_operands(cfg, lhs, rhs, g, operand_keys(key))
+    _, vjp_lhs = jax.vjp(lambda a: _dot(cfg, a, w_d), lhs)
+    _, vjp_rhs = jax.vjp(lambda b: _dot(cfg, x_w, b), rhs)
+    (dx,) = vjp_lhs(dy_d.astype(g.dtype))
+    (dw,) = vjp_rhs(dy_w.astype(g.dtype))
+    return dx, dw
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _qdot(cfg: _Config, lhs, rhs, key):
+    return _forward(cfg, lhs, rhs, key)
+
+
+def _qdot_fwd(cfg, lhs, rhs, key):
+    return _forward(cfg, lhs, rhs, key), (lhs, rhs, key)
+
+
+def _qdot_bwd(cfg, res, g):
+    lhs, rhs, key = res
+    dx, dw = _grads(cfg, lhs, rhs, g, key)
+    return dx, dw, None
+
+
+_qdot.defvjp(_qdot_fwd, _qdot_bwd)
+
+
+def qdot_general(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    dimension_numbers,
+    recipe: R.GemmRecipe | str | None,
+    *,
+    key: jax.Array | None = None,
+    precision=None,
+    preferred_element_type=None,
+    out_sharding=None,
+) -> jax.Array:
+    """`lax.dot_general` with the three GEMMs of training quantized as `recipe` says.
+
+    Args:
+      lhs, rhs, dimension_numbers, precision, preferred_element_type: as `lax.dot_general`.
+      recipe: a GemmRecipe, a recipe name (`fp4lab.recipes.names()`) or None (no quantization).
+      key: PRNG key for stochastic rounding and random Hadamard signs; required when the
+        recipe uses them. Each operand and each GEMM rotation gets its own key folded from it.
+      out_sharding: accepted for signature compatibility with flax; must be None.
+    Returns:
+      dot_general(Q(lhs), Q(rhs)); its VJP runs Dgrad and Wgrad as the recipe's backward says.
+    """
+    if out_sharding is not None:
+        raise ValueError("qdot_general does not support out_sharding")
+    recipe = R.get(recipe)
+    if recipe is None:
+        recipe = R.GemmRecipe()
+    if recipe.needs_key and key is None:
+        raise ValueError(
+            f"recipe {recipe.name or recipe} needs a PRNG key (stochastic rounding "
+            "or random Hadamard signs); pass key=..."
+        )
+    if key is None:
+        key = jax.random.key(0)  # never consumed: the recipe is deterministic
+    cfg = _Config(
+        recipe,
+        Layout.of(lhs.shape, rhs.shape, dimension_numbers).dimension_numbers,
+        precision,
+        preferred_element_type,
+    )
+    return _qdot(cfg, lhs, rhs, key)
