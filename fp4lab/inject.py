@@ -83,11 +83,18 @@ class QuantizedOp(nnx.Module):
     """A quantized stand-in for lax.dot_general / jnp.einsum / conv / attention in one module."""
 
     def __init__(
-        self, recipe: R.GemmRecipe, op: str, path: str, key: jax.Array | None, original=None
+        self,
+        recipe: R.GemmRecipe,
+        op: str,
+        path: str,
+        key: jax.Array | None,
+        original=None,
+        backend: str = "simulated",
     ):
         self.recipe = recipe
         self.op = op
         self.path = path
+        self.backend = backend
         self.original = original  # the callable it replaced (restored by unquantize)
         if recipe.needs_key:
             if key is None:
@@ -127,6 +134,7 @@ class QuantizedOp(nnx.Module):
             precision=precision,
             preferred_element_type=preferred_element_type,
             out_sharding=out_sharding,
+            backend=self.backend,
         )
 
     def __call__(self, *args, **kwargs):
@@ -279,7 +287,9 @@ def _dotted(path) -> str:
     return ".".join(str(p) for p in path)
 
 
-def quantize_model(model: nnx.Module, rules, *, key: jax.Array | None = None) -> nnx.Module:
+def quantize_model(
+    model: nnx.Module, rules, *, key: jax.Array | None = None, backend: str = "simulated"
+) -> nnx.Module:
     """Puts every matching GEMM of an unmodified nnx model under its rule's recipe, in place.
 
     Args:
@@ -289,6 +299,7 @@ def quantize_model(model: nnx.Module, rules, *, key: jax.Array | None = None) ->
         Modules that no rule matches, or whose rule says None, stay in high precision.
       key: the quantization stream's key; required when a recipe uses stochastic rounding or
         random Hadamard signs.
+      backend: "simulated", "native" or "auto" for the forward GEMMs (fp4lab.backends).
     Returns:
       The same model. A rule that matches nothing triggers a warning.
     """
@@ -312,7 +323,8 @@ def quantize_model(model: nnx.Module, rules, *, key: jax.Array | None = None) ->
         if recipe is None:
             setattr(module, attr, nnx.static(original))
         else:  # a submodule holding the op's state; nnx.data marks it as a child node
-            setattr(module, attr, nnx.data(QuantizedOp(recipe, op, dotted, key, original)))
+            qop = QuantizedOp(recipe, op, dotted, key, original, backend)
+            setattr(module, attr, nnx.data(qop))
     for rule, u in zip(rules, used, strict=True):
         if not u:
             warnings.warn(f"quantize_model: rule {rule.path!r} matched no module", stacklevel=2)

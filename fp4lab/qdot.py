@@ -124,6 +124,7 @@ class _Config:
     dimension_numbers: tuple
     precision: object
     preferred_element_type: object
+    backend: str = "simulated"  # resolved: "simulated" | "native"
 
 
 def _dot(cfg: _Config, a, b):
@@ -151,6 +152,17 @@ def _fprop_operands(cfg: _Config, lhs, rhs, keys, *, rotated: bool):
 
 
 def _forward(cfg: _Config, lhs, rhs, key):
+    if cfg.backend == "native":
+        from fp4lab.backends import native_fprop  # backends builds on this module's Layout
+
+        return native_fprop(
+            lhs,
+            rhs,
+            cfg.dimension_numbers,
+            cfg.recipe.fprop_x,
+            cfg.recipe.fprop_w,
+            preferred_element_type=cfg.preferred_element_type,
+        )
     keys = operand_keys(key)
     x_hat, w_hat = _fprop_operands(cfg, lhs, rhs, keys, rotated=True)
     return _dot(cfg, x_hat, w_hat)
@@ -214,6 +226,7 @@ def qdot_general(
     precision=None,
     preferred_element_type=None,
     out_sharding=None,
+    backend: str = "simulated",
 ) -> jax.Array:
     """`lax.dot_general` with the three GEMMs of training quantized as `recipe` says.
 
@@ -223,6 +236,8 @@ def qdot_general(
       key: PRNG key for stochastic rounding and random Hadamard signs; required when the
         recipe uses them. Each operand and each GEMM rotation gets its own key folded from it.
       out_sharding: accepted for signature compatibility with flax; must be None.
+      backend: "simulated" (reference), "native" (hardware block-scaled GEMM for the forward;
+        an error where unsupported) or "auto" (native where supported; says once which).
     Returns:
       dot_general(Q(lhs), Q(rhs)); its VJP runs Dgrad and Wgrad as the recipe's backward says.
     """
@@ -238,10 +253,9 @@ def qdot_general(
         )
     if key is None:
         key = jax.random.key(0)  # never consumed: the recipe is deterministic
-    cfg = _Config(
-        recipe,
-        Layout.of(lhs.shape, rhs.shape, dimension_numbers).dimension_numbers,
-        precision,
-        preferred_element_type,
-    )
+    from fp4lab.backends import resolve  # backends builds on this module's Layout
+
+    dn = Layout.of(lhs.shape, rhs.shape, dimension_numbers).dimension_numbers
+    backend = resolve(recipe.fprop_x, recipe.fprop_w, backend)
+    cfg = _Config(recipe, dn, precision, preferred_element_type, backend)
     return _qdot(cfg, lhs, rhs, key)
