@@ -162,7 +162,7 @@ def mxfp4_h16() -> GemmRecipe:
 
 
 def mxfp4_h32() -> GemmRecipe:
-    """As mxfp4-h16 with a 32x32 Hadamard (Cim et al. 2026, Table 1: equally stable)."""
+    """As mxfp4-h16 with a 32x32 Hadamard (Cim et al. 2026, arXiv 2605.09825, Table 1)."""
     return _with_hadamard(mxfp4(), Hadamard(32, "none"), "mxfp4-h32")
 
 

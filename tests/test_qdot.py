@@ -1,0 +1,221 @@
+"""qdot_general: the three GEMMs, their specs and the backward modes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import fp4lab as fl
+from fp4lab import recipes as R
+from fp4lab.qdot import Layout, operand_keys, qdot_general
+
+DN_2D = (((1,), (0,)), ((), ()))  # x (M, K) . w (K, N)
+DN_3D = (((2,), (0,)), ((), ()))  # x (B, T, K) . w (K, N), as nnx.Linear
+DN_BATCHED = (((2,), (1,)), ((0,), (0,)))  # (B, M, K) . (B, K, N)
+
+
+def _xw(shape_x=(32, 64), shape_w=(64, 96), seed=0):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    return jax.random.normal(kx, shape_x), jax.random.normal(kw, shape_w)
+
+
+def _loss(dn, recipe, key=None):
+    def f(x, w):
+        y = qdot_general(x, w, dn, recipe, key=key)
+        return jnp.sum(y * jnp.cos(y))  # a non-trivial cotangent
+
+    return f
+
+
+def _ref_loss(dn, fx, fw):
+    def f(x, w):
+        y = lax.dot_general(fx(x), fw(w), dn)
+        return jnp.sum(y * jnp.cos(y))
+
+    return f
+
+
+@pytest.mark.parametrize(
+    "dn,shapes", [(DN_2D, ((32, 64), (64, 48))), (DN_3D, ((2, 16, 64), (64, 96)))]
+)
+@pytest.mark.parametrize("jit", [False, True])
+def test_identity_recipe_is_bit_identical_to_dot_general(dn, shapes, jit):
+    x, w = _xw(*shapes)
+    f = _loss(dn, R.GemmRecipe())
+    ref = _ref_loss(dn, lambda a: a, lambda b: b)
+    if jit:
+        f, ref = jax.jit(f), jax.jit(ref)
+    np.testing.assert_array_equal(qdot_general(x, w, dn, R.GemmRecipe()), lax.dot_general(x, w, dn))
+    for a, b in zip(jax.grad(f, (0, 1))(x, w), jax.grad(ref, (0, 1))(x, w), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["nvfp4-rl", "mxfp4", "mxfp4-h16", "fp8"])
+def test_dequantized_backward_is_the_gradient_of_the_quantized_forward(name):
+    recipe = R.get(name).replace(backward="dequantized")
+    x, w = _xw()
+    sx = recipe.fprop_x.replace(axis=1, transform=None)
+    sw = recipe.fprop_w.replace(axis=0, transform=None)
+    if recipe.transform("fprop") is not None:
+        # the rotated forward's exact gradient: dequantized operands mapped back (unrotated)
+        sx, sw = recipe.fprop_x.replace(axis=1), recipe.fprop_w.replace(axis=0)
+    ref = _ref_loss(DN_2D, lambda a: fl.fake_quant(a, sx), lambda b: fl.fake_quant(b, sw))
+    got = jax.grad(_loss(DN_2D, recipe), (0, 1))(x, w)
+    want = jax.grad(ref, (0, 1))(x, w)
+    for a, b in zip(got, want, strict=True):
+        if recipe.transform("fprop") is None:
+            np.testing.assert_array_equal(a, b)
+        else:  # Hadamard domain: same operands up to the rotation's float rounding
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
+
+
+def test_dequantized_backward_bit_identical_on_3d_inputs():
+    recipe = R.get("nvfp4-rl")
+    x, w = _xw((2, 16, 64), (64, 96))
+    sx = recipe.fprop_x.replace(axis=2)
+    sw = recipe.fprop_w.replace(axis=0)
+    ref = _ref_loss(DN_3D, lambda a: fl.fake_quant(a, sx), lambda b: fl.fake_quant(b, sw))
+    got = jax.jit(jax.grad(_loss(DN_3D, recipe), (0, 1)))(x, w)
+    want = jax.jit(jax.grad(ref, (0, 1)))(x, w)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "fp8"])
+def test_high_precision_backward_is_the_plain_gradient_for_the_same_cotangent(name):
+    recipe = R.get(name).replace(backward="high_precision")
+    x, w = _xw()
+    key = jax.random.key(1)
+    y, vjp = jax.vjp(lambda a, b: qdot_general(a, b, DN_2D, recipe, key=key), x, w)
+    g = jax.random.normal(jax.random.key(2), y.shape)
+    _, vjp_ref = jax.vjp(lambda a, b: lax.dot_general(a, b, DN_2D), x, w)
+    for a, b in zip(vjp(g), vjp_ref(g), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _fq(a, spec, axis, key=None, tkey=None):
+    if spec is None:
+        return a
+    return fl.quantize(a, spec.replace(axis=axis), key=key, transform_key=tkey).dequantize(
+        rotated=True
+    )
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8", "fp8", "mxfp4-h16"])
+def test_quantized_backward_equals_a_hand_composed_reference(name):
+    """Dgrad = Q(dy) Q(w)^T along N; Wgrad = Q(x)^T Q(dy) along M, each with its own spec."""
+    recipe = R.get(name)
+    x, w = _xw()  # (M, K), (K, N)
+    key = jax.random.key(7)
+    y, vjp = jax.vjp(lambda a, b: qdot_general(a, b, DN_2D, recipe, key=key), x, w)
+    g = jax.random.normal(jax.random.key(3), y.shape)  # (M, N)
+    dx, dw = vjp(g)
+
+    ks = operand_keys(key)
+    kd, kw = ks["dgrad_transform"], ks["wgrad_transform"]
+    # Dgrad contracts N: dy (M, N) along its last axis, w (K, N) along its last axis.
+    dy_d = _fq(g, recipe.dgrad_dy, 1, ks["dgrad_dy"], kd)
+    w_d = _fq(w, recipe.dgrad_w, 1, ks["dgrad_w"], kd)
+    # Wgrad contracts M: x (M, K) along axis 0, dy (M, N) along axis 0.
+    x_w = _fq(x, recipe.wgrad_x, 0, ks["wgrad_x"], kw)
+    dy_w = _fq(g, recipe.wgrad_dy, 0, ks["wgrad_dy"], kw)
+    dx_ref = dy_d @ w_d.T
+    dw_ref = x_w.T @ dy_w
+    np.testing.assert_allclose(dx, dx_ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(dw, dw_ref, rtol=1e-5, atol=1e-4)
+    # and it is really quantized: far from the exact gradient
+    assert float(jnp.linalg.norm(dw - x.T @ g) / jnp.linalg.norm(x.T @ g)) > 1e-3
+
+
+def test_fprop_quantizes_each_operand_along_the_contraction_axis():
+    recipe = R.get("nvfp4")
+    x, w = _xw()
+    y = qdot_general(x, w, DN_2D, recipe, key=jax.random.key(0))
+    ref = fl.fake_quant(x, recipe.fprop_x.replace(axis=1)) @ fl.fake_quant(
+        w, recipe.fprop_w.replace(axis=0)
+    )
+    np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-5)
+
+
+def test_hadamard_on_an_unquantized_gemm_cancels():
+    h = fl.Hadamard(16, "none")
+    spec = fl.cast_spec("fp32").replace(transform=h)
+    recipe = R.GemmRecipe(fprop_x=spec, fprop_w=None)
+    x, w = _xw()
+    np.testing.assert_allclose(qdot_general(x, w, DN_2D, recipe), x @ w, rtol=1e-5, atol=1e-4)
+
+
+def test_stochastic_keys_differ_per_operand_and_call_and_reproduce():
+    recipe = R.get("nvfp4")  # SR on gradients
+    x, w = _xw()
+
+    def grads(key):
+        return jax.grad(_loss(DN_2D, recipe, key), (0, 1))(x, w)
+
+    a, b, c = grads(jax.random.key(1)), grads(jax.random.key(1)), grads(jax.random.key(2))
+    for u, v in zip(a, b, strict=True):
+        np.testing.assert_array_equal(u, v)
+    assert not np.array_equal(a[1], c[1])
+    ks = operand_keys(jax.random.key(1))
+    datas = {n: tuple(np.asarray(jax.random.key_data(k)).ravel()) for n, k in ks.items()}
+    assert len(set(datas.values())) == len(datas)
+
+
+def test_missing_key_is_an_error():
+    x, w = _xw()
+    with pytest.raises(ValueError, match="needs a PRNG key"):
+        qdot_general(x, w, DN_2D, "nvfp4")
+
+
+def test_unknown_recipe_lists_known_names():
+    x, w = _xw()
+    with pytest.raises(ValueError, match="known recipes: .*nvfp4"):
+        qdot_general(x, w, DN_2D, "nvfp5")
+
+
+def test_batched_dimension_numbers_and_vmap():
+    recipe = R.get("mxfp4")
+    x = jax.random.normal(jax.random.key(0), (3, 32, 64))
+    w = jax.random.normal(jax.random.key(1), (3, 64, 32))
+    y = qdot_general(x, w, DN_BATCHED, recipe)
+    per = jax.vmap(lambda a, b: qdot_general(a, b, DN_2D, recipe))(x, w)
+    np.testing.assert_allclose(y, per, rtol=1e-6, atol=1e-5)
+    gx = jax.grad(lambda a: qdot_general(a, w, DN_BATCHED, recipe).sum())(x)
+    assert gx.shape == x.shape and bool(jnp.all(jnp.isfinite(gx)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_dtypes_pass_through(dtype):
+    x, w = _xw()
+    x, w = x.astype(dtype), w.astype(dtype)
+    y = qdot_general(x, w, DN_2D, "mxfp4")
+    assert y.dtype == dtype
+    gx, gw = jax.grad(
+        lambda a, b: qdot_general(a, b, DN_2D, "mxfp4").astype(jnp.float32).sum(), (0, 1)
+    )(x, w)
+    assert gx.dtype == dtype and gw.dtype == dtype
+
+
+def test_layout_round_trips():
+    lay = Layout.of((2, 5, 3, 4), (4, 3, 7), (((3, 2), (0, 1)), ((), ())))
+    x = jnp.arange(2 * 5 * 3 * 4.0).reshape(2, 5, 3, 4)
+    w = jnp.arange(4 * 3 * 7.0).reshape(4, 3, 7)
+    np.testing.assert_array_equal(lay.lhs_from(lay.lhs_to(x)), x)
+    np.testing.assert_array_equal(lay.rhs_from(lay.rhs_to(w)), w)
+    x3, w3 = lay.lhs_to(x), lay.rhs_to(w)
+    y = lax.dot_general(x, w, lay.dimension_numbers)
+    np.testing.assert_allclose(jnp.einsum("bmk,bnk->bmn", x3, w3).reshape(y.shape), y)
+
+
+def test_batch_invariance_with_row_scale_and_not_with_tensor_scale():
+    x, w = _xw((32, 64), (64, 96))
+    other = x.at[1:].set(100.0 * jax.random.normal(jax.random.key(9), (31, 64)))
+    row = R.GemmRecipe(fprop_x=fl.nvfp4(scope="row"), fprop_w=fl.nvfp4())
+    ten = R.GemmRecipe(fprop_x=fl.nvfp4(), fprop_w=fl.nvfp4())
+    np.testing.assert_array_equal(
+        qdot_general(x, w, DN_2D, row)[0], qdot_general(other, w, DN_2D, row)[0]
+    )
+    assert not np.array_equal(
+        qdot_general(x, w, DN_2D, ten)[0], qdot_general(other, w, DN_2D, ten)[0]
+    )

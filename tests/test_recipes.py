@@ -1,0 +1,69 @@
+"""Named recipes are values with sources; GemmRecipe validates its fields."""
+
+import dataclasses
+
+import pytest
+
+import fp4lab as fl
+from fp4lab import recipes as R
+
+REQUIRED = ["fp32", "bf16", "fp8", "mxfp8", "mxfp4", "mxfp4-h16", "nvfp4", "nvfp4-rl"]
+
+
+def test_required_names_exist():
+    assert set(REQUIRED) <= set(R.names())
+
+
+@pytest.mark.parametrize("name", R.names())
+def test_recipes_are_values_with_a_source(name):
+    r = R.get(name)
+    assert r == R.get(name) and hash(r) == hash(R.get(name))
+    assert name in repr(r)
+    doc = R.doc(name)
+    assert len(doc) > 40
+    if name not in ("fp32", "bf16"):
+        assert "arXiv" in doc or "PR" in doc or "Source" in doc
+
+
+def test_replace_makes_variants():
+    r = R.get("nvfp4")
+    v = r.replace(wgrad_x=None, wgrad_dy=None)
+    assert v != r and v.wgrad_x is None and v.fprop_x == r.fprop_x
+    assert hash(v) != hash(r)
+
+
+def test_recipe_contents_follow_the_sources():
+    nv = R.get("nvfp4")
+    assert nv.fprop_w.tile == (16, 16) and nv.dgrad_w.tile == (16, 16)
+    assert nv.fprop_x.tile == (1, 16)
+    assert nv.dgrad_dy.rounding == "stochastic" and nv.wgrad_dy.rounding == "stochastic"
+    assert nv.fprop_x.rounding == "rne" and nv.fprop_w.rounding == "rne"
+    assert nv.transform("wgrad") is not None and nv.transform("fprop") is None
+    assert nv.transform("dgrad") is None
+    assert isinstance(nv.transform("wgrad").signs, tuple)
+    rl = R.get("nvfp4-rl")
+    assert rl.backward == "dequantized" and rl.fprop_x.outer == "row"
+    assert rl.fprop_x.four_over_six == "mae" and rl.fprop_w.outer == "tensor"
+    h = R.get("mxfp4-h16")
+    for g in R.GEMMS:
+        assert h.transform(g) == fl.Hadamard(16, "none")
+    fp8 = R.get("fp8")
+    assert fp8.fprop_x.elem == "e4m3" and fp8.dgrad_dy.elem == "e5m2"
+    assert R.get("fp32").is_identity
+
+
+def test_bad_fields_are_errors():
+    with pytest.raises(ValueError, match="allowed: quantized, dequantized, high_precision"):
+        R.GemmRecipe(backward="exact")
+    with pytest.raises(ValueError, match="must be a QuantSpec"):
+        R.GemmRecipe(fprop_x="nvfp4")
+    h16, h32 = fl.Hadamard(16), fl.Hadamard(32)
+    with pytest.raises(ValueError, match="same Hadamard"):
+        R.GemmRecipe(fprop_x=fl.mxfp4(transform=h16), fprop_w=fl.mxfp4(transform=h32))
+    with pytest.raises(ValueError, match="known recipes"):
+        R.get("nvfp8")
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        R.get("nvfp4").backward = "dequantized"
