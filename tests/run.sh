@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: lint, then the test suite (CPU only). Exit code: non-zero on any failure.
+# The test command: lint, the test suite (CPU only), then the native-path parity tests in a
+# Python 3.12 environment with jax >= 0.11 when one can be made (skipped, saying so, otherwise).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -8,4 +9,20 @@ PY=${PY:-.venv/bin/python}
 "$PY" -m pytest -n 2 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi
-exit "$rc"
+[ "$rc" -eq 0 ] || exit "$rc"
+
+py312=""
+if python3.12 -c "" 2>/dev/null; then py312="python3.12"
+elif PYENV_VERSION=3.12.1 python3.12 -c "" 2>/dev/null; then py312="env PYENV_VERSION=3.12.1 python3.12"
+fi
+if [ -z "$py312" ]; then
+  echo "SKIPPED native-path parity tests: no Python 3.12 on this machine (jax >= 0.11 needs it)"
+  exit 0
+fi
+if [ ! -x .venv312/bin/python ]; then
+  $py312 -m venv .venv312 && .venv312/bin/pip install -q -e . pytest || {
+    echo "SKIPPED native-path parity tests: could not install jax >= 0.11 for Python 3.12"
+    rm -rf .venv312; exit 0; }
+fi
+echo "native-path parity tests (Python 3.12, jax $(.venv312/bin/python -c 'import jax; print(jax.__version__)')):"
+.venv312/bin/python -m pytest -q -p no:cacheprovider tests/native
