@@ -30,6 +30,7 @@ import pandas as pd
 from flax import nnx
 
 from fp4lab import recipes as R
+from fp4lab import telemetry as T
 from fp4lab.qdot import qdot_general
 
 __all__ = [
@@ -90,12 +91,19 @@ class QuantizedOp(nnx.Module):
         key: jax.Array | None,
         original=None,
         backend: str = "simulated",
+        telemetry: bool = False,
     ):
         self.recipe = recipe
         self.op = op
         self.path = path
         self.backend = backend
         self.original = original  # the callable it replaced (restored by unquantize)
+        calls, n = len(self.stat_layers()), len(T.STATS)
+        if telemetry:  # the gradient channel and the latest forward statistics
+            self.probe = T.GradProbe(jnp.zeros((calls, len(T.BWD_OPERANDS), n), jnp.float32))
+            self.fstats = T.OpStats(jnp.zeros((calls, len(T.FWD_OPERANDS), n), jnp.float32))
+        else:
+            self.probe = self.fstats = None
         if recipe.needs_key:
             if key is None:
                 raise ValueError(
@@ -106,6 +114,12 @@ class QuantizedOp(nnx.Module):
             self.qcount = QuantKey(jnp.zeros((), jnp.uint32))
         else:
             self.qbase = self.qcount = None
+
+    def stat_layers(self) -> list[str]:
+        """Telemetry layer names of this op's GEMM calls."""
+        if self.op == "attention":
+            return [f"{self.path}.scores", f"{self.path}.values"]
+        return [self.path]
 
     def next_key(self) -> jax.Array | None:
         if self.qbase is None:
@@ -124,8 +138,10 @@ class QuantizedOp(nnx.Module):
         out_sharding=None,
         *,
         key=None,
+        call: int = 0,
     ):
-        return qdot_general(
+        probe = None if self.probe is None else self.probe[...][call]
+        out = qdot_general(
             lhs,
             rhs,
             dimension_numbers,
@@ -135,7 +151,13 @@ class QuantizedOp(nnx.Module):
             preferred_element_type=preferred_element_type,
             out_sharding=out_sharding,
             backend=self.backend,
+            probe=probe,
         )
+        if probe is None:
+            return out
+        y, stats = out
+        self.fstats[...] = self.fstats[...].at[call].set(stats)
+        return y
 
     def __call__(self, *args, **kwargs):
         key = self.next_key()
@@ -157,9 +179,12 @@ class QuantizedOp(nnx.Module):
         out_sharding=None,
         *,
         key=None,
+        call: int = 0,
     ):
         dn, perm = einsum_dimension_numbers(spec, lhs.shape, rhs.shape)
-        y = self.dot_general(lhs, rhs, dn, precision, preferred_element_type, out_sharding, key=key)
+        y = self.dot_general(
+            lhs, rhs, dn, precision, preferred_element_type, out_sharding, key=key, call=call
+        )
         return jnp.transpose(y, perm)
 
     def _attention(
@@ -193,7 +218,7 @@ class QuantizedOp(nnx.Module):
             key_ = jnp.repeat(key_, q_heads // k_heads, axis=-2)
             value = jnp.repeat(value, q_heads // k_heads, axis=-2)
         query = query / jnp.sqrt(query.shape[-1]).astype(dtype)
-        w = self._einsum("...qhd,...khd->...hqk", query, key_, precision, key=k_s)
+        w = self._einsum("...qhd,...khd->...hqk", query, key_, precision, key=k_s, call=0)
         if bias is not None:
             w = w + bias
         if mask is not None or is_causal:
@@ -215,7 +240,7 @@ class QuantizedOp(nnx.Module):
                 shape[:-2] = [1] * (len(shape) - 2)
             mask_d = jax.random.bernoulli(dropout_rng, keep, shape)
             w = jnp.where(mask_d, w / keep, 0.0).astype(dtype)
-        return self._einsum("...hqk,...khd->...qhd", w, value, precision, key=k_v)
+        return self._einsum("...hqk,...khd->...qhd", w, value, precision, key=k_v, call=1)
 
 
 def einsum_dimension_numbers(spec: str, lhs_shape, rhs_shape):
@@ -288,7 +313,12 @@ def _dotted(path) -> str:
 
 
 def quantize_model(
-    model: nnx.Module, rules, *, key: jax.Array | None = None, backend: str = "simulated"
+    model: nnx.Module,
+    rules,
+    *,
+    key: jax.Array | None = None,
+    backend: str = "simulated",
+    telemetry: bool = False,
 ) -> nnx.Module:
     """Puts every matching GEMM of an unmodified nnx model under its rule's recipe, in place.
 
@@ -300,6 +330,8 @@ def quantize_model(
       key: the quantization stream's key; required when a recipe uses stochastic rounding or
         random Hadamard signs.
       backend: "simulated", "native" or "auto" for the forward GEMMs (fp4lab.backends).
+      telemetry: measure operand statistics of every quantized GEMM (fp4lab.telemetry); off,
+        it costs nothing.
     Returns:
       The same model. A rule that matches nothing triggers a warning.
     """
@@ -323,7 +355,7 @@ def quantize_model(
         if recipe is None:
             setattr(module, attr, nnx.static(original))
         else:  # a submodule holding the op's state; nnx.data marks it as a child node
-            qop = QuantizedOp(recipe, op, dotted, key, original, backend)
+            qop = QuantizedOp(recipe, op, dotted, key, original, backend, telemetry)
             setattr(module, attr, nnx.data(qop))
     for rule, u in zip(rules, used, strict=True):
         if not u:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp4lab import recipes as R
+from fp4lab import telemetry
 from fp4lab import transforms as T
 from fp4lab.quantize import QuantSpec, quantize_dequantize
 
@@ -107,15 +108,22 @@ def _from(a3, perm, shape):
     return jnp.transpose(a, [perm.index(d) for d in range(len(shape))])
 
 
-def _operand(a3, spec: QuantSpec | None, axis: int, transform, key, tkey):
-    """Quantize-dequantize a canonical operand along `axis`, rotated by the GEMM's transform."""
+def _operand(a3, spec: QuantSpec | None, axis: int, transform, key, tkey, stats: bool):
+    """Quantize-dequantize a canonical operand along `axis`, rotated by the GEMM's transform.
+
+    Returns (x_hat, statistics or None); statistics are zeros for an unquantized operand.
+    """
+    none = jnp.zeros(len(telemetry.STATS), jnp.float32) if stats else None
     if spec is None and transform is None:
-        return a3
+        return a3, none
     if spec is None:  # unquantized operand of a rotated GEMM: rotate only
         moved = jnp.moveaxis(a3, axis, -1)
-        return jnp.moveaxis(T.rotate(moved, transform, tkey), -1, axis).astype(a3.dtype)
+        return jnp.moveaxis(T.rotate(moved, transform, tkey), -1, axis).astype(a3.dtype), none
     spec = spec.replace(axis=axis, transform=transform)
-    return quantize_dequantize(a3, spec, key=key, transform_key=tkey, rotated=True)
+    if stats:
+        x_hat, s = telemetry.operand_stats(a3, spec, key=key, transform_key=tkey)
+        return x_hat, s
+    return quantize_dequantize(a3, spec, key=key, transform_key=tkey, rotated=True), None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +133,10 @@ class _Config:
     precision: object
     preferred_element_type: object
     backend: str = "simulated"  # resolved: "simulated" | "native"
+    telemetry: bool = False  # measure operand statistics (forward output, backward probe)
+
+    def replace(self, **changes) -> _Config:
+        return dataclasses.replace(self, **changes)
 
 
 def _dot(cfg: _Config, a, b):
@@ -138,24 +150,27 @@ def _dot(cfg: _Config, a, b):
 
 
 def _fprop_operands(cfg: _Config, lhs, rhs, keys, *, rotated: bool):
-    """Dequantized Fprop operands in the original layout (rotated domain if `rotated`)."""
+    """Dequantized Fprop operands in the original layout (rotated domain if `rotated`), and
+    their statistics (None without telemetry)."""
     r = cfg.recipe
     lay = Layout.of(lhs.shape, rhs.shape, cfg.dimension_numbers)
     t = r.transform("fprop")
     tkey = keys["fprop_transform"]
-    x3 = _operand(lay.lhs_to(lhs), r.fprop_x, 2, t, keys["fprop_x"], tkey)
-    w3 = _operand(lay.rhs_to(rhs), r.fprop_w, 2, t, keys["fprop_w"], tkey)
+    x3, sx = _operand(lay.lhs_to(lhs), r.fprop_x, 2, t, keys["fprop_x"], tkey, cfg.telemetry)
+    w3, sw = _operand(lay.rhs_to(rhs), r.fprop_w, 2, t, keys["fprop_w"], tkey, cfg.telemetry)
     if t is not None and not rotated:
         x3 = T.unrotate(x3, t, tkey).astype(lhs.dtype)
         w3 = T.unrotate(w3, t, tkey).astype(rhs.dtype)
-    return lay.lhs_from(x3), lay.rhs_from(w3)
+    stats = jnp.stack([sx, sw]) if cfg.telemetry else None
+    return lay.lhs_from(x3), lay.rhs_from(w3), stats
 
 
 def _forward(cfg: _Config, lhs, rhs, key):
+    """y, and the forward statistics (2, len(STATS)) with telemetry."""
     if cfg.backend == "native":
         from fp4lab.backends import native_fprop  # backends builds on this module's Layout
 
-        return native_fprop(
+        y = native_fprop(
             lhs,
             rhs,
             cfg.dimension_numbers,
@@ -163,39 +178,49 @@ def _forward(cfg: _Config, lhs, rhs, key):
             cfg.recipe.fprop_w,
             preferred_element_type=cfg.preferred_element_type,
         )
-    keys = operand_keys(key)
-    x_hat, w_hat = _fprop_operands(cfg, lhs, rhs, keys, rotated=True)
-    return _dot(cfg, x_hat, w_hat)
+        if cfg.telemetry:  # the native operands are the simulated ones, bit for bit
+            _, _, stats = _fprop_operands(cfg, lhs, rhs, operand_keys(key), rotated=True)
+            return y, stats
+        return y
+    x_hat, w_hat, stats = _fprop_operands(cfg, lhs, rhs, operand_keys(key), rotated=True)
+    y = _dot(cfg, x_hat, w_hat)
+    return (y, stats) if cfg.telemetry else y
 
 
 def _backward_operands(cfg: _Config, lhs, rhs, g, keys):
-    """(w for Dgrad, dy for Dgrad, x for Wgrad, dy for Wgrad) in the original layouts."""
+    """(w for Dgrad, dy for Dgrad, x for Wgrad, dy for Wgrad) in the original layouts, and the
+    backward statistics (4, len(STATS)) with telemetry (zeros where nothing is quantized)."""
     r = cfg.recipe
+    zeros = jnp.zeros((4, len(telemetry.STATS)), jnp.float32) if cfg.telemetry else None
     if r.backward == "high_precision":
-        return rhs, g, lhs, g
+        return (rhs, g, lhs, g), zeros
     if r.backward == "dequantized":
-        x_hat, w_hat = _fprop_operands(cfg, lhs, rhs, keys, rotated=False)
-        return w_hat, g, x_hat, g
+        x_hat, w_hat, _ = _fprop_operands(
+            cfg.replace(telemetry=False), lhs, rhs, keys, rotated=False
+        )
+        return (w_hat, g, x_hat, g), zeros
     lay = Layout.of(lhs.shape, rhs.shape, cfg.dimension_numbers)
     dy3 = lay.dy_to(g)
     td, tw = r.transform("dgrad"), r.transform("wgrad")
     kd, kw = keys["dgrad_transform"], keys["wgrad_transform"]
+    on = cfg.telemetry
     # Dgrad contracts N: dy3 (B, M, N) along axis 2, w3 (B, N, K) along axis 1.
-    dy_d = _operand(dy3, r.dgrad_dy, 2, td, keys["dgrad_dy"], kd)
-    w_d = _operand(lay.rhs_to(rhs), r.dgrad_w, 1, td, keys["dgrad_w"], kd)
+    dy_d, s0 = _operand(dy3, r.dgrad_dy, 2, td, keys["dgrad_dy"], kd, on)
+    w_d, s1 = _operand(lay.rhs_to(rhs), r.dgrad_w, 1, td, keys["dgrad_w"], kd, on)
     # Wgrad contracts M: x3 (B, M, K) along axis 1, dy3 (B, M, N) along axis 1.
-    x_w = _operand(lay.lhs_to(lhs), r.wgrad_x, 1, tw, keys["wgrad_x"], kw)
-    dy_w = _operand(dy3, r.wgrad_dy, 1, tw, keys["wgrad_dy"], kw)
-    return lay.rhs_from(w_d), dy_d.reshape(g.shape), lay.lhs_from(x_w), dy_w.reshape(g.shape)
+    x_w, s2 = _operand(lay.lhs_to(lhs), r.wgrad_x, 1, tw, keys["wgrad_x"], kw, on)
+    dy_w, s3 = _operand(dy3, r.wgrad_dy, 1, tw, keys["wgrad_dy"], kw, on)
+    operands = (lay.rhs_from(w_d), dy_d.reshape(g.shape), lay.lhs_from(x_w), dy_w.reshape(g.shape))
+    return operands, (jnp.stack([s0, s1, s2, s3]) if on else None)
 
 
 def _grads(cfg: _Config, lhs, rhs, g, key):
-    w_d, dy_d, x_w, dy_w = _backward_operands(cfg, lhs, rhs, g, operand_keys(key))
+    (w_d, dy_d, x_w, dy_w), stats = _backward_operands(cfg, lhs, rhs, g, operand_keys(key))
     _, vjp_lhs = jax.vjp(lambda a: _dot(cfg, a, w_d), lhs)
     _, vjp_rhs = jax.vjp(lambda b: _dot(cfg, x_w, b), rhs)
     (dx,) = vjp_lhs(dy_d.astype(g.dtype))
     (dw,) = vjp_rhs(dy_w.astype(g.dtype))
-    return dx, dw
+    return dx, dw, stats
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -209,11 +234,33 @@ def _qdot_fwd(cfg, lhs, rhs, key):
 
 def _qdot_bwd(cfg, res, g):
     lhs, rhs, key = res
-    dx, dw = _grads(cfg, lhs, rhs, g, key)
+    dx, dw, _ = _grads(cfg, lhs, rhs, g, key)
     return dx, dw, None
 
 
 _qdot.defvjp(_qdot_fwd, _qdot_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _qdot_probed(cfg: _Config, lhs, rhs, key, probe):
+    """_qdot with telemetry: returns (y, forward stats); probe's cotangent = backward stats."""
+    del probe
+    return _forward(cfg, lhs, rhs, key)
+
+
+def _qdot_probed_fwd(cfg, lhs, rhs, key, probe):
+    del probe
+    return _forward(cfg, lhs, rhs, key), (lhs, rhs, key)
+
+
+def _qdot_probed_bwd(cfg, res, cotangents):
+    lhs, rhs, key = res
+    g, _ = cotangents
+    dx, dw, stats = _grads(cfg, lhs, rhs, g, key)
+    return dx, dw, None, stats
+
+
+_qdot_probed.defvjp(_qdot_probed_fwd, _qdot_probed_bwd)
 
 
 def qdot_general(
@@ -227,7 +274,8 @@ def qdot_general(
     preferred_element_type=None,
     out_sharding=None,
     backend: str = "simulated",
-) -> jax.Array:
+    probe: jax.Array | None = None,
+):
     """`lax.dot_general` with the three GEMMs of training quantized as `recipe` says.
 
     Args:
@@ -238,6 +286,9 @@ def qdot_general(
       out_sharding: accepted for signature compatibility with flax; must be None.
       backend: "simulated" (reference), "native" (hardware block-scaled GEMM for the forward;
         an error where unsupported) or "auto" (native where supported; says once which).
+      probe: telemetry. A zero float32 array of shape (4, len(telemetry.STATS)); when given,
+        returns (y, forward statistics (2, len(STATS))) and the probe's cotangent carries the
+        backward statistics (Dgrad dy, Dgrad w, Wgrad x, Wgrad dy) of fp4lab.telemetry.
     Returns:
       dot_general(Q(lhs), Q(rhs)); its VJP runs Dgrad and Wgrad as the recipe's backward says.
     """
@@ -257,5 +308,7 @@ def qdot_general(
 
     dn = Layout.of(lhs.shape, rhs.shape, dimension_numbers).dimension_numbers
     backend = resolve(recipe.fprop_x, recipe.fprop_w, backend)
-    cfg = _Config(recipe, dn, precision, preferred_element_type, backend)
-    return _qdot(cfg, lhs, rhs, key)
+    cfg = _Config(recipe, dn, precision, preferred_element_type, backend, probe is not None)
+    if probe is None:
+        return _qdot(cfg, lhs, rhs, key)
+    return _qdot_probed(cfg, lhs, rhs, key, probe)
