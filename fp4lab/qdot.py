@@ -223,6 +223,12 @@ def _grads(cfg: _Config, lhs, rhs, g, key):
     return dx, dw, stats
 
 
+# Each GEMM's quantize-dot-dequantize is one compiled computation per config and shape, also
+# when called eagerly (op-by-op dispatch of the quantizer's many small ops is slow).
+_forward = jax.jit(_forward, static_argnums=0)
+_grads = jax.jit(_grads, static_argnums=0)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _qdot(cfg: _Config, lhs, rhs, key):
     return _forward(cfg, lhs, rhs, key)

@@ -27,6 +27,7 @@ value).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -69,6 +70,7 @@ class OpStats(nnx.Variable):
     """Forward statistics of a quantized op's latest call."""
 
 
+@functools.partial(jax.jit, static_argnames="spec")
 def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None):
     """Quantizes `a` under `spec` and measures the error.
 

@@ -1,0 +1,230 @@
+"""Telemetry: exact statistics, the gradient channel, shadow gradients, zero cost when off."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import fp4lab as fl
+from fp4lab import recipes as R
+from fp4lab import telemetry as T
+from fp4lab.inject import Rule, quantize_model
+from fp4lab.qdot import operand_keys, qdot_general
+
+STAT = {s: i for i, s in enumerate(T.STATS)}
+
+
+def test_statistics_are_exact_on_constructed_inputs():
+    # one 1x16 MXFP4-like block with an FP32 block scale: s_b = amax / 6 = 1.
+    spec = fl.QuantSpec(elem="e2m1", tile=(1, 16), block_scale="fp32", outer="none")
+    x = jnp.array(
+        [[6.0, 0.2, -0.2, 0.2, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0]]
+    )
+    x_hat, s = T.operand_stats(x, spec)
+    # 0.2 -> 0 (flushed: 3 of 16 nonzero), everything else on the grid
+    np.testing.assert_array_equal(x_hat[0, 1:4], 0.0)
+    assert float(s[STAT["flush"]]) == 3 / 16
+    err = np.asarray(x_hat - x, np.float64)
+    np.testing.assert_allclose(
+        float(s[STAT["rel_err"]]), np.linalg.norm(err) / np.linalg.norm(np.asarray(x)), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        float(s[STAT["bias"]]), err.mean() / np.abs(np.asarray(x)).mean(), rtol=1e-6
+    )
+    assert float(s[STAT["saturated"]]) == 0.0 and float(s[STAT["underflow"]]) == 0.0
+
+
+def test_saturation_and_underflow_fractions():
+    # FP8 E4M3 with a delayed (too small) amax: everything above 448 * amax/448 saturates
+    spec = fl.fp8("e4m3")
+    x = jnp.linspace(1.0, 8.0, 64).reshape(1, 64)
+    q = fl.quantize(x, spec, amax=jnp.float32(4.0))  # stale amax: values above 4 clip
+    deq = q.dequantize()
+    assert float(jnp.max(deq)) == pytest.approx(4.0)
+    # operand_stats with current scaling: nothing saturates
+    _, s = T.operand_stats(x, spec)
+    assert float(s[STAT["saturated"]]) == 0.0
+    # NVFP4 without an outer scale: a block of tiny values underflows its E4M3 scale
+    spec = fl.QuantSpec(outer="none")  # NVFP4 blocks with no second-level scale
+    tiny = jnp.concatenate([jnp.full((1, 16), 1e-6), jnp.ones((1, 16))], axis=1)
+    x_hat, s = T.operand_stats(tiny, spec)
+    np.testing.assert_array_equal(x_hat[0, :16], 0.0)
+    assert float(s[STAT["underflow"]]) == 0.5
+    assert float(s[STAT["flush"]]) == 0.5
+
+
+def test_saturated_counts_elements_clipped_to_the_block_maximum():
+    # E4M3 per-tensor cast without a scale: values above 448 clip
+    spec = fl.QuantSpec(elem="e4m3", tile=None, block_scale=None, outer="none")
+    x = jnp.array([[100.0, 500.0, 1000.0, -600.0]])
+    _, s = T.operand_stats(x, spec)
+    assert float(s[STAT["saturated"]]) == 3 / 4
+
+
+def test_map4_fraction_for_four_over_six():
+    spec = fl.nvfp4(four_over_six="mae")
+    x = jax.random.normal(jax.random.key(0), (8, 64))
+    _, s = T.operand_stats(x, spec)
+    frac = float(s[STAT["map4"]])
+    assert 0.0 < frac < 1.0
+
+
+def _xw():
+    x = jax.random.normal(jax.random.key(0), (32, 64))
+    w = jax.random.normal(jax.random.key(1), (64, 32))
+    return x, w
+
+
+DN = (((1,), (0,)), ((), ()))
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4-h16"])
+def test_backward_statistics_through_the_channel_equal_direct_ones(name):
+    recipe = R.get(name)
+    x, w = _xw()
+    key = jax.random.key(4)
+    probe = jnp.zeros((4, len(T.STATS)))
+    g = jax.random.normal(jax.random.key(5), (32, 32))
+
+    def f(x, w, probe):
+        y, _ = qdot_general(x, w, DN, recipe, key=key, probe=probe)
+        return jnp.sum(y * g)
+
+    _, _, bstats = jax.grad(f, (0, 1, 2))(x, w, probe)
+    ks = operand_keys(key)
+    kd, kw = ks["dgrad_transform"], ks["wgrad_transform"]
+    td, tw = recipe.transform("dgrad"), recipe.transform("wgrad")
+    direct = [
+        T.operand_stats(
+            g[None],
+            recipe.dgrad_dy.replace(axis=2, transform=td),
+            key=ks["dgrad_dy"],
+            transform_key=kd,
+        )[1],
+        T.operand_stats(
+            w.T[None],
+            recipe.dgrad_w.replace(axis=1, transform=td),
+            key=ks["dgrad_w"],
+            transform_key=kd,
+        )[1],
+        T.operand_stats(
+            x[None],
+            recipe.wgrad_x.replace(axis=1, transform=tw),
+            key=ks["wgrad_x"],
+            transform_key=kw,
+        )[1],
+        T.operand_stats(
+            g[None],
+            recipe.wgrad_dy.replace(axis=1, transform=tw),
+            key=ks["wgrad_dy"],
+            transform_key=kw,
+        )[1],
+    ]
+    _assert_same_stats(bstats, jnp.stack(direct))
+    assert float(bstats[0, STAT["rel_err"]]) > 0.01
+
+
+def _assert_same_stats(got, want):
+    """Fractions (counts) exactly; the float reductions up to their summation order."""
+    counts = [STAT[s] for s in ("flush", "saturated", "underflow", "map4")]
+    np.testing.assert_array_equal(np.asarray(got)[:, counts], np.asarray(want)[:, counts])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-8)
+
+
+def test_forward_statistics_equal_direct_ones():
+    recipe = R.get("nvfp4-rl")
+    x, w = _xw()
+    _, fstats = qdot_general(x, w, DN, recipe, probe=jnp.zeros((4, len(T.STATS))))
+    sx = T.operand_stats(x[None], recipe.fprop_x.replace(axis=2))[1]
+    sw = T.operand_stats(w.T[None], recipe.fprop_w.replace(axis=2))[1]
+    _assert_same_stats(fstats, jnp.stack([sx, sw]))
+
+
+class MLP(nnx.Module):
+    def __init__(self, rngs):
+        self.up = nnx.Linear(64, 128, rngs=rngs)
+        self.down = nnx.Linear(128, 32, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down(jax.nn.relu(self.up(x)))
+
+
+def _loss(model, x, y):
+    return jnp.mean((model(x) - y) ** 2)
+
+
+def _data():
+    x = jax.random.normal(jax.random.key(7), (32, 64))
+    y = jax.random.normal(jax.random.key(8), (32, 32))
+    return x, y
+
+
+def test_fp32_recipe_gives_perfect_shadow_and_zero_fractions():
+    model = MLP(nnx.Rngs(0))
+    quantize_model(model, [Rule(r".*", "fp32")], telemetry=True)
+    x, y = _data()
+    _, grads, metrics = T.value_and_grad(_loss)(model, x, y)
+    exact = T.exact_grads(_loss, model, x, y)
+    shadow = T.shadow_metrics(grads, exact)
+    for k, v in shadow.items():
+        if k.endswith("/cos") or k.endswith("/rel_norm"):
+            assert float(v) == pytest.approx(1.0, abs=1e-6), k
+        if k.endswith("/gnr"):
+            assert math.isinf(float(v)), k
+    for k, v in metrics.items():
+        assert float(v) == 0.0, k
+
+
+def test_nvfp4_shadow_metrics_are_sensible():
+    model = MLP(nnx.Rngs(0))
+    quantize_model(model, [Rule(r".*", "nvfp4")], key=jax.random.key(0), telemetry=True)
+    x, y = _data()
+    _, grads, _ = T.value_and_grad(_loss)(model, x, y)
+    shadow = T.shadow_metrics(grads, T.exact_grads(_loss, model, x, y))
+    cos = float(shadow["grad/up.kernel/cos"])
+    gnr = float(shadow["grad/up.kernel/gnr"])
+    assert 0.5 < cos < 1.0
+    assert 0.0 < gnr < math.inf
+    assert bool(shadow["grad/up.kernel/below_sqrt3"]) == (gnr < math.sqrt(3))
+
+
+def _train(telemetry: bool, steps=3):
+    model = MLP(nnx.Rngs(0))
+    quantize_model(model, [Rule(r".*", "nvfp4")], key=jax.random.key(0), telemetry=telemetry)
+    import optax
+
+    opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    x, y = _data()
+
+    @nnx.jit
+    def step(model, opt):
+        if telemetry:
+            loss, grads, metrics = T.value_and_grad(_loss)(model, x, y)
+        else:
+            loss, grads = nnx.value_and_grad(_loss)(model, x, y)
+        opt.update(model, grads)
+        return loss
+
+    losses = [step(model, opt) for _ in range(steps)]
+    return np.asarray(losses), nnx.state(model, nnx.Param)
+
+
+def test_telemetry_does_not_change_the_training_result():
+    l0, p0 = _train(False)
+    l1, p1 = _train(True)
+    np.testing.assert_array_equal(l0, l1)
+    for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_to_frame_is_tidy():
+    metrics = {"quant/up/fprop/x/rel_err": jnp.array([0.1, 0.2]), "grad/up.kernel/gnr": 3.0}
+    df = T.to_frame(metrics)
+    assert list(df.columns) == ["step", "layer", "gemm", "operand", "stat", "value"]
+    assert len(df) == 3
+    assert set(df.step) == {0, 1}
+    one = T.to_frame({"quant/up/fprop/x/rel_err": 0.5}, step=7)
+    assert one.step.tolist() == [7]
