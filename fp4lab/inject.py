@@ -31,6 +31,7 @@ from flax import nnx
 
 from fp4lab import recipes as R
 from fp4lab import telemetry as T
+from fp4lab.qconv import qconv_general_dilated
 from fp4lab.qdot import qdot_general
 
 __all__ = [
@@ -99,7 +100,8 @@ class QuantizedOp(nnx.Module):
         self.backend = backend
         self.original = original  # the callable it replaced (restored by unquantize)
         calls, n = len(self.stat_layers()), len(T.STATS)
-        if telemetry:  # the gradient channel and the latest forward statistics
+        # telemetry: the gradient channel and the latest forward statistics (not for convs yet)
+        if telemetry and op != "conv":
             self.probe = T.GradProbe(jnp.zeros((calls, len(T.BWD_OPERANDS), n), jnp.float32))
             self.fstats = T.OpStats(jnp.zeros((calls, len(T.FWD_OPERANDS), n), jnp.float32))
         else:
@@ -166,7 +168,7 @@ class QuantizedOp(nnx.Module):
         if self.op == "einsum":
             return self._einsum(*args, key=key, **kwargs)
         if self.op == "conv":
-            raise NotImplementedError("conv quantization is not implemented yet")
+            return qconv_general_dilated(*args, recipe=self.recipe, key=key, **kwargs)
         return self._attention(*args, key=key, **kwargs)
 
     def _einsum(

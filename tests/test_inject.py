@@ -214,3 +214,33 @@ def test_describe_lists_every_seam():
         "down",
         "head",
     }
+
+
+class ConvNet(nnx.Module):
+    def __init__(self, rngs):
+        self.conv = nnx.Conv(32, 32, kernel_size=(3, 3), rngs=rngs)
+
+    def __call__(self, x):
+        return self.conv(x)
+
+
+@pytest.mark.parametrize("backward", ["quantized", "dequantized", "high_precision"])
+def test_conv_quantization(backward):
+    from jax import lax
+
+    recipe = R.get("mxfp4").replace(backward=backward)
+    model, ref = ConvNet(nnx.Rngs(0)), ConvNet(nnx.Rngs(0))
+    quantize_model(model, [Rule(r"conv", recipe)])
+    x = jax.random.normal(jax.random.key(1), (32, 8, 8, 32))  # NHWC
+    k = ref.conv.kernel[...]  # HWIO
+    xq = fl.fake_quant(x, recipe.fprop_x.replace(axis=3))
+    kq = fl.fake_quant(k, recipe.fprop_w.replace(axis=2))  # 32x32 tiles over (O, I)
+    dn = ("NHWC", "HWIO", "NHWC")
+    want = lax.conv_general_dilated(xq, kq, (1, 1), "SAME", dimension_numbers=dn)
+    want = want + _bcast(ref.conv.bias[...], 4)
+    np.testing.assert_allclose(model(x), want, rtol=1e-5, atol=1e-5)
+    g = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(model)["conv"]["kernel"][...]
+    g_ref = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(ref)["conv"]["kernel"][...]
+    assert g.shape == g_ref.shape and bool(jnp.all(jnp.isfinite(g)))
+    rel = float(jnp.linalg.norm(g - g_ref) / jnp.linalg.norm(g_ref))
+    assert 0.0 < rel < 0.5
