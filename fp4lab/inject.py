@@ -81,6 +81,18 @@ class QuantKey(nnx.Variable):
     """Quantization-stream state of one op: base key and call counter."""
 
 
+class AmaxHistory(nnx.Variable):
+    """Delayed scaling: the last n amaxes of an operand, most recent first (zeros: none yet)."""
+
+
+def _history(recipe: R.GemmRecipe, names: tuple[str, ...]) -> tuple[int, str]:
+    specs = [s for n, s in recipe.used_specs().items() if n in names and s is not None]
+    delayed = [s for s in specs if s.amax_history]
+    if not delayed:
+        return 0, "max"
+    return max(s.amax_history for s in delayed), delayed[0].amax_algo
+
+
 class QuantizedOp(nnx.Module):
     """A quantized stand-in for lax.dot_general / jnp.einsum / conv / attention in one module."""
 
@@ -100,6 +112,22 @@ class QuantizedOp(nnx.Module):
         self.backend = backend
         self.original = original  # the callable it replaced (restored by unquantize)
         calls, n = len(self.stat_layers()), len(T.STATS)
+        self._delayed = {
+            "x": _history(recipe, ("fprop_x", "wgrad_x")),
+            "w": _history(recipe, ("fprop_w", "dgrad_w")),
+        }
+        if _history(recipe, ("dgrad_dy", "wgrad_dy"))[0]:
+            raise ValueError(
+                f"{path}: delayed scaling (amax_history) applies to the forward "
+                "tensors x and w; gradients use current scaling"
+            )
+        if op in ("attention", "conv") and any(n for n, _ in self._delayed.values()):
+            raise ValueError(
+                f"{path}: delayed scaling is supported for dot_general and einsum ops, not {op}"
+            )
+        for name, (length, _) in self._delayed.items():
+            hist = AmaxHistory(jnp.zeros((length,), jnp.float32)) if length else None
+            setattr(self, f"amax_{name}", hist)
         # telemetry: the gradient channel and the latest forward statistics (not for convs yet)
         if telemetry and op != "conv":
             self.probe = T.GradProbe(jnp.zeros((calls, len(T.BWD_OPERANDS), n), jnp.float32))
@@ -116,6 +144,18 @@ class QuantizedOp(nnx.Module):
             self.qcount = QuantKey(jnp.zeros((), jnp.uint32))
         else:
             self.qbase = self.qcount = None
+
+    def _delayed_amax(self, name: str, operand) -> jax.Array:
+        """The amax to scale with this step (from the history), and the history updated with
+        this step's amax: TransformerEngine's DelayedScaling, AQT's delayed calibration."""
+        var = getattr(self, f"amax_{name}")
+        hist = var[...]
+        current = jnp.max(jnp.abs(operand)).astype(jnp.float32)
+        algo = self._delayed[name][1]
+        stored = jnp.max(hist) if algo == "max" else hist[0]
+        use = jnp.where(jnp.any(hist > 0), stored, current)  # first step: current scaling
+        var[...] = jnp.concatenate([current[None], hist[:-1]])
+        return use
 
     def stat_layers(self) -> list[str]:
         """Telemetry layer names of this op's GEMM calls."""
@@ -143,6 +183,10 @@ class QuantizedOp(nnx.Module):
         call: int = 0,
     ):
         probe = None if self.probe is None else self.probe[...][call]
+        amax = {}
+        for name, operand in (("x", lhs), ("w", rhs)):
+            if self._delayed[name][0]:
+                amax[name] = self._delayed_amax(name, operand)
         out = qdot_general(
             lhs,
             rhs,
@@ -154,6 +198,7 @@ class QuantizedOp(nnx.Module):
             out_sharding=out_sharding,
             backend=self.backend,
             probe=probe,
+            amax=amax,
         )
         if probe is None:
             return out

@@ -108,7 +108,7 @@ def _from(a3, perm, shape):
     return jnp.transpose(a, [perm.index(d) for d in range(len(shape))])
 
 
-def _operand(a3, spec: QuantSpec | None, axis: int, transform, key, tkey, stats: bool):
+def _operand(a3, spec: QuantSpec | None, axis: int, transform, key, tkey, stats: bool, amax=None):
     """Quantize-dequantize a canonical operand along `axis`, rotated by the GEMM's transform.
 
     Returns (x_hat, statistics or None); statistics are zeros for an unquantized operand.
@@ -120,10 +120,14 @@ def _operand(a3, spec: QuantSpec | None, axis: int, transform, key, tkey, stats:
         moved = jnp.moveaxis(a3, axis, -1)
         return jnp.moveaxis(T.rotate(moved, transform, tkey), -1, axis).astype(a3.dtype), none
     spec = spec.replace(axis=axis, transform=transform)
+    amax = amax if spec.amax_history else None  # delayed scaling only where the spec asks
     if stats:
-        x_hat, s = telemetry.operand_stats(a3, spec, key=key, transform_key=tkey)
+        x_hat, s = telemetry.operand_stats(a3, spec, key=key, transform_key=tkey, amax=amax)
         return x_hat, s
-    return quantize_dequantize(a3, spec, key=key, transform_key=tkey, rotated=True), None
+    return (
+        quantize_dequantize(a3, spec, key=key, transform_key=tkey, amax=amax, rotated=True),
+        None,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,15 +153,16 @@ def _dot(cfg: _Config, a, b):
     )
 
 
-def _fprop_operands(cfg: _Config, lhs, rhs, keys, *, rotated: bool):
+def _fprop_operands(cfg: _Config, lhs, rhs, keys, amax, *, rotated: bool):
     """Dequantized Fprop operands in the original layout (rotated domain if `rotated`), and
     their statistics (None without telemetry)."""
     r = cfg.recipe
     lay = Layout.of(lhs.shape, rhs.shape, cfg.dimension_numbers)
     t = r.transform("fprop")
     tkey = keys["fprop_transform"]
-    x3, sx = _operand(lay.lhs_to(lhs), r.fprop_x, 2, t, keys["fprop_x"], tkey, cfg.telemetry)
-    w3, sw = _operand(lay.rhs_to(rhs), r.fprop_w, 2, t, keys["fprop_w"], tkey, cfg.telemetry)
+    on = cfg.telemetry
+    x3, sx = _operand(lay.lhs_to(lhs), r.fprop_x, 2, t, keys["fprop_x"], tkey, on, amax.get("x"))
+    w3, sw = _operand(lay.rhs_to(rhs), r.fprop_w, 2, t, keys["fprop_w"], tkey, on, amax.get("w"))
     if t is not None and not rotated:
         x3 = T.unrotate(x3, t, tkey).astype(lhs.dtype)
         w3 = T.unrotate(w3, t, tkey).astype(rhs.dtype)
@@ -165,7 +170,8 @@ def _fprop_operands(cfg: _Config, lhs, rhs, keys, *, rotated: bool):
     return lay.lhs_from(x3), lay.rhs_from(w3), stats
 
 
-def _forward(cfg: _Config, lhs, rhs, key):
+def _forward(cfg: _Config, lhs, rhs, aux):
+    key, amax = aux
     """y, and the forward statistics (2, len(STATS)) with telemetry."""
     if cfg.backend == "native":
         from fp4lab.backends import native_fprop  # backends builds on this module's Layout
@@ -179,15 +185,15 @@ def _forward(cfg: _Config, lhs, rhs, key):
             preferred_element_type=cfg.preferred_element_type,
         )
         if cfg.telemetry:  # the native operands are the simulated ones, bit for bit
-            _, _, stats = _fprop_operands(cfg, lhs, rhs, operand_keys(key), rotated=True)
+            _, _, stats = _fprop_operands(cfg, lhs, rhs, operand_keys(key), amax, rotated=True)
             return y, stats
         return y
-    x_hat, w_hat, stats = _fprop_operands(cfg, lhs, rhs, operand_keys(key), rotated=True)
+    x_hat, w_hat, stats = _fprop_operands(cfg, lhs, rhs, operand_keys(key), amax, rotated=True)
     y = _dot(cfg, x_hat, w_hat)
     return (y, stats) if cfg.telemetry else y
 
 
-def _backward_operands(cfg: _Config, lhs, rhs, g, keys):
+def _backward_operands(cfg: _Config, lhs, rhs, g, keys, amax):
     """(w for Dgrad, dy for Dgrad, x for Wgrad, dy for Wgrad) in the original layouts, and the
     backward statistics (4, len(STATS)) with telemetry (zeros where nothing is quantized)."""
     r = cfg.recipe
@@ -196,7 +202,7 @@ def _backward_operands(cfg: _Config, lhs, rhs, g, keys):
         return (rhs, g, lhs, g), zeros
     if r.backward == "dequantized":
         x_hat, w_hat, _ = _fprop_operands(
-            cfg.replace(telemetry=False), lhs, rhs, keys, rotated=False
+            cfg.replace(telemetry=False), lhs, rhs, keys, amax, rotated=False
         )
         return (w_hat, g, x_hat, g), zeros
     lay = Layout.of(lhs.shape, rhs.shape, cfg.dimension_numbers)
@@ -206,16 +212,17 @@ def _backward_operands(cfg: _Config, lhs, rhs, g, keys):
     on = cfg.telemetry
     # Dgrad contracts N: dy3 (B, M, N) along axis 2, w3 (B, N, K) along axis 1.
     dy_d, s0 = _operand(dy3, r.dgrad_dy, 2, td, keys["dgrad_dy"], kd, on)
-    w_d, s1 = _operand(lay.rhs_to(rhs), r.dgrad_w, 1, td, keys["dgrad_w"], kd, on)
+    w_d, s1 = _operand(lay.rhs_to(rhs), r.dgrad_w, 1, td, keys["dgrad_w"], kd, on, amax.get("w"))
     # Wgrad contracts M: x3 (B, M, K) along axis 1, dy3 (B, M, N) along axis 1.
-    x_w, s2 = _operand(lay.lhs_to(lhs), r.wgrad_x, 1, tw, keys["wgrad_x"], kw, on)
+    x_w, s2 = _operand(lay.lhs_to(lhs), r.wgrad_x, 1, tw, keys["wgrad_x"], kw, on, amax.get("x"))
     dy_w, s3 = _operand(dy3, r.wgrad_dy, 1, tw, keys["wgrad_dy"], kw, on)
     operands = (lay.rhs_from(w_d), dy_d.reshape(g.shape), lay.lhs_from(x_w), dy_w.reshape(g.shape))
     return operands, (jnp.stack([s0, s1, s2, s3]) if on else None)
 
 
-def _grads(cfg: _Config, lhs, rhs, g, key):
-    (w_d, dy_d, x_w, dy_w), stats = _backward_operands(cfg, lhs, rhs, g, operand_keys(key))
+def _grads(cfg: _Config, lhs, rhs, g, aux):
+    key, amax = aux
+    (w_d, dy_d, x_w, dy_w), stats = _backward_operands(cfg, lhs, rhs, g, operand_keys(key), amax)
     _, vjp_lhs = jax.vjp(lambda a: _dot(cfg, a, w_d), lhs)
     _, vjp_rhs = jax.vjp(lambda b: _dot(cfg, x_w, b), rhs)
     (dx,) = vjp_lhs(dy_d.astype(g.dtype))
@@ -230,17 +237,17 @@ _grads = jax.jit(_grads, static_argnums=0)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _qdot(cfg: _Config, lhs, rhs, key):
-    return _forward(cfg, lhs, rhs, key)
+def _qdot(cfg: _Config, lhs, rhs, aux):
+    return _forward(cfg, lhs, rhs, aux)
 
 
-def _qdot_fwd(cfg, lhs, rhs, key):
-    return _forward(cfg, lhs, rhs, key), (lhs, rhs, key)
+def _qdot_fwd(cfg, lhs, rhs, aux):
+    return _forward(cfg, lhs, rhs, aux), (lhs, rhs, aux)
 
 
 def _qdot_bwd(cfg, res, g):
-    lhs, rhs, key = res
-    dx, dw, _ = _grads(cfg, lhs, rhs, g, key)
+    lhs, rhs, aux = res
+    dx, dw, _ = _grads(cfg, lhs, rhs, g, aux)
     return dx, dw, None
 
 
@@ -248,21 +255,21 @@ _qdot.defvjp(_qdot_fwd, _qdot_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _qdot_probed(cfg: _Config, lhs, rhs, key, probe):
+def _qdot_probed(cfg: _Config, lhs, rhs, aux, probe):
     """_qdot with telemetry: returns (y, forward stats); probe's cotangent = backward stats."""
     del probe
-    return _forward(cfg, lhs, rhs, key)
+    return _forward(cfg, lhs, rhs, aux)
 
 
-def _qdot_probed_fwd(cfg, lhs, rhs, key, probe):
+def _qdot_probed_fwd(cfg, lhs, rhs, aux, probe):
     del probe
-    return _forward(cfg, lhs, rhs, key), (lhs, rhs, key)
+    return _forward(cfg, lhs, rhs, aux), (lhs, rhs, aux)
 
 
 def _qdot_probed_bwd(cfg, res, cotangents):
-    lhs, rhs, key = res
+    lhs, rhs, aux = res
     g, _ = cotangents
-    dx, dw, stats = _grads(cfg, lhs, rhs, g, key)
+    dx, dw, stats = _grads(cfg, lhs, rhs, g, aux)
     return dx, dw, None, stats
 
 
@@ -281,6 +288,7 @@ def qdot_general(
     out_sharding=None,
     backend: str = "simulated",
     probe: jax.Array | None = None,
+    amax: dict | None = None,
 ):
     """`lax.dot_general` with the three GEMMs of training quantized as `recipe` says.
 
@@ -295,6 +303,9 @@ def qdot_general(
       probe: telemetry. A zero float32 array of shape (4, len(telemetry.STATS)); when given,
         returns (y, forward statistics (2, len(STATS))) and the probe's cotangent carries the
         backward statistics (Dgrad dy, Dgrad w, Wgrad x, Wgrad dy) of fp4lab.telemetry.
+      amax: delayed scaling, {"x": amax, "w": amax}: the outer-scale amax to use for the
+        lhs / rhs in every GEMM whose spec has amax_history > 0 (see fp4lab.inject, which
+        keeps the histories); default: current scaling.
     Returns:
       dot_general(Q(lhs), Q(rhs)); its VJP runs Dgrad and Wgrad as the recipe's backward says.
     """
@@ -310,11 +321,12 @@ def qdot_general(
         )
     if key is None:
         key = jax.random.key(0)  # never consumed: the recipe is deterministic
+    amax = {k: jnp.asarray(v, jnp.float32) for k, v in (amax or {}).items()}
     from fp4lab.backends import resolve  # backends builds on this module's Layout
 
     dn = Layout.of(lhs.shape, rhs.shape, dimension_numbers).dimension_numbers
     backend = resolve(recipe.fprop_x, recipe.fprop_w, backend)
     cfg = _Config(recipe, dn, precision, preferred_element_type, backend, probe is not None)
     if probe is None:
-        return _qdot(cfg, lhs, rhs, key)
-    return _qdot_probed(cfg, lhs, rhs, key, probe)
+        return _qdot(cfg, lhs, rhs, (key, amax))
+    return _qdot_probed(cfg, lhs, rhs, (key, amax), probe)

@@ -71,13 +71,13 @@ class OpStats(nnx.Variable):
 
 
 @functools.partial(jax.jit, static_argnames="spec")
-def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None):
+def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None, amax=None):
     """Quantizes `a` under `spec` and measures the error.
 
     Returns (x_hat, stats): x_hat as `quantize(...).dequantize(rotated=True)` gives it, and a
     float32 vector with the entries of `STATS`.
     """
-    q = quantize(a, spec, key=key, transform_key=transform_key)
+    q = quantize(a, spec, key=key, transform_key=transform_key, amax=amax)
     xt = _prepare(a, spec)
     if spec.transform is not None:
         xt = T.rotate(xt, spec.transform, q.transform_key)
@@ -101,6 +101,8 @@ def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None
     map4 = jnp.float32(0.0)
     if spec.four_over_six is not None:
         scope = S.scope_amax(xb, spec.outer)
+        if amax is not None:  # delayed scaling: the scope amax the quantizer used
+            scope = jnp.broadcast_to(jnp.asarray(amax, jnp.float32), scope.shape)
         map4 = jnp.mean(S.nvfp4_te(xb, scope, elem=fmt, four_over_six=spec.four_over_six).map4)
     stats = jnp.stack([rel, bias, flush, saturated, underflow, map4]).astype(jnp.float32)
     return q.dequantize(rotated=True), stats

@@ -244,3 +244,50 @@ def test_conv_quantization(backward):
     assert g.shape == g_ref.shape and bool(jnp.all(jnp.isfinite(g)))
     rel = float(jnp.linalg.norm(g - g_ref) / jnp.linalg.norm(g_ref))
     assert 0.0 < rel < 0.5
+
+
+class Lin(nnx.Module):
+    def __init__(self, rngs):
+        self.lin = nnx.Linear(64, 32, use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+        return self.lin(x)
+
+
+def test_delayed_scaling_history_and_stale_scales_saturate():
+    from fp4lab import telemetry as T
+
+    spec = fl.fp8("e4m3").replace(amax_history=3)
+    recipe = R.GemmRecipe(fprop_x=spec, fprop_w=fl.fp8("e4m3"), backward="high_precision")
+    model = Lin(nnx.Rngs(0))
+    quantize_model(model, [Rule(r"lin", recipe)], telemetry=True)
+    base = jax.random.uniform(jax.random.key(0), (16, 64), minval=-1.0, maxval=1.0)
+    base = base.at[0, 0].set(1.0)  # amax exactly 1
+    op = model.lin.dot_general
+    sat = T.STATS.index("saturated")
+    for scale in [1.0, 0.5, 1.0]:  # amax never above the history's max: nothing saturates
+        model(base * scale)
+        assert float(op.fstats[...][0, 0, sat]) == 0.0
+    np.testing.assert_array_equal(op.amax_x[...], [1.0, 0.5, 1.0])  # most recent first
+    # the amax jumps: the stale history (max 1.0) saturates everything above 1.0
+    y = model(base * 10.0)
+    np.testing.assert_array_equal(op.amax_x[...], [10.0, 1.0, 0.5])
+    frac = float(op.fstats[...][0, 0, sat])
+    want = float(jnp.mean(jnp.abs(base * 10.0) > 1.0))
+    assert frac == pytest.approx(want, abs=2 / base.size) and frac > 0.8
+    # with current scaling the same input does not saturate
+    current = Lin(nnx.Rngs(0))
+    quantize_model(current, [Rule(r"lin", recipe.replace(fprop_x=fl.fp8("e4m3")))], telemetry=True)
+    y_cur = current(base * 10.0)
+    assert float(current.lin.dot_general.fstats[...][0, 0, sat]) == 0.0
+    assert float(jnp.max(jnp.abs(y))) < float(jnp.max(jnp.abs(y_cur)))
+
+
+def test_delayed_scaling_is_validated():
+    with pytest.raises(ValueError, match="outer='tensor'"):
+        fl.nvfp4(scope="row", amax_history=4)
+    with pytest.raises(ValueError, match="amax_algo"):
+        fl.fp8("e4m3").replace(amax_history=2, amax_algo="mean")
+    bad = R.GemmRecipe(dgrad_dy=fl.fp8("e5m2").replace(amax_history=2))
+    with pytest.raises(ValueError, match="gradients use current scaling"):
+        quantize_model(Lin(nnx.Rngs(0)), [Rule(r"lin", bad)])
