@@ -200,19 +200,33 @@ def round_pow2(x: jax.Array, mode: str = "floor") -> jax.Array:
     """Rounds positive x to a power of two in E8M0's range [2**-127, 2**127]; NaN/inf -> NaN.
 
     mode: "floor" (largest power <= x), "ceil" (smallest power >= x) or "nearest" (the nearer
-    of the two, ties up: x >= 1.5 * 2**floor). Zero maps to 2**-127, the smallest E8M0 value.
+    of the two, ties up: x >= 1.5 * 2**floor, as ml_dtypes' float8_e8m0fnu cast rounds). Zero
+    and negative x map to 2**-127, the smallest E8M0 value. Exact for float32 subnormal x too.
     """
-    x = jnp.asarray(x, jnp.float32)
-    e = _exponent(jnp.where(x > 0, x, 1.0))
-    exact = x == _pow2(e)
-    if mode == "ceil":
-        e = jnp.where(exact, e, e + 1)
-    elif mode == "nearest":
-        e = jnp.where(x / _pow2(e) >= 1.5, e + 1, e)
-    elif mode != "floor":
+    if mode not in ("floor", "ceil", "nearest"):
         raise ValueError(f"unknown power-of-two rounding {mode!r}; allowed: floor, ceil, nearest")
-    e = jnp.where(x > 0, jnp.clip(e, -127, 127), -127)
-    return jnp.where(jnp.isfinite(x), _pow2(e), jnp.nan)  # 2**-127 is an exact f32 subnormal
+    # Read from the bits only: XLA on CPU flushes float32 subnormals to zero in arithmetic and
+    # comparisons, and 2**-127 (E8M0's smallest value) is a float32 subnormal.
+    x = jnp.asarray(x, jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    positive = (bits > 0) & (bits < 0x7F800000)  # finite, > 0 (subnormals included)
+    e = _exponent(jnp.where(positive, x, 1.0))
+    frac = _fraction(bits)  # mantissa below the leading one, 23 bits
+    if mode == "ceil":
+        e = jnp.where(frac != 0, e + 1, e)
+    elif mode == "nearest":
+        e = jnp.where(frac >= 0x400000, e + 1, e)
+    e = jnp.where(positive, jnp.clip(e, -127, 127), -127)
+    nonfinite = (bits & 0x7FFFFFFF) >= 0x7F800000
+    return jnp.where(nonfinite, jnp.nan, _pow2(e))  # 2**-127 is an exact f32 subnormal
+
+
+def _fraction(bits: jax.Array) -> jax.Array:
+    """The 23 bits after the leading one of a float32's significand (normalized subnormals)."""
+    mant = bits & 0x7FFFFF
+    top = 31 - jax.lax.clz(jnp.maximum(mant, 1))
+    sub = jnp.left_shift(mant, 23 - top) & 0x7FFFFF
+    return jnp.where((bits & 0x7F800000) == 0, sub, mant)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,6 +238,7 @@ def encode(q: jax.Array, fmt: str | ElementFormat) -> jax.Array:
 
     Floats: sign | biased exponent | mantissa, as the OCP specifications lay them out.
     Integers: two's complement in the low `bits` bits. E8M0: biased exponent, NaN -> 0xff.
+    E5M2 keeps its infinities (0x7c, 0xfc). NaN encodes as 0x7f in E4M3 and E5M2.
     NaN in formats without a NaN code encodes as 0 (the NaN lives in the block scale).
     """
     fmt = get_format(fmt)
@@ -231,8 +246,9 @@ def encode(q: jax.Array, fmt: str | ElementFormat) -> jax.Array:
     if fmt.kind == "int":
         v = jnp.where(jnp.isnan(q), 0, q).astype(jnp.int32)
         return (v & ((1 << fmt.bits) - 1)).astype(jnp.uint8)
-    if fmt.kind == "pow2":
-        e = _exponent(jnp.where(q > 0, q, 1.0)) + 127
+    if fmt.kind == "pow2":  # from the bits: 2**-127 is a subnormal that FTZ would read as 0
+        positive = jax.lax.bitcast_convert_type(q, jnp.int32) > 0
+        e = _exponent(jnp.where(positive, q, 1.0)) + 127
         return jnp.where(jnp.isnan(q), 255, e).astype(jnp.uint8)
     if fmt.kind == "cast":
         raise ValueError(f"{fmt.name} is a pass-through cast; it has no uint8 codes")
@@ -248,6 +264,7 @@ def encode(q: jax.Array, fmt: str | ElementFormat) -> jax.Array:
     if fmt.name == "e4m3":
         code = jnp.where(jnp.isnan(q), 0x7F, code)
     elif fmt.name == "e5m2":
+        code = jnp.where(jnp.isinf(q), (sign << 7) | 0x7C, code)
         code = jnp.where(jnp.isnan(q), 0x7F, code)
     else:
         code = jnp.where(jnp.isnan(q), 0, code)

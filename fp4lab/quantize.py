@@ -13,6 +13,7 @@ the axis before it (after moving `axis` last), as weight tiles of 16x16 do.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -239,7 +240,7 @@ def _prepare(x: jax.Array, spec: QuantSpec):
             f"Hadamard size {spec.transform.size} does not divide axis {axis} of "
             f"shape {tuple(x.shape)}"
         )
-    need_k = tx if spec.transform is None else max(tx, spec.transform.size)
+    need_k = tx if spec.transform is None else math.lcm(tx, spec.transform.size)
     if (k % need_k or r % ty) and not spec.pad:
         raise ValueError(
             f"tile {spec.tile} does not divide shape {tuple(x.shape)} along axis "
@@ -254,20 +255,32 @@ def _prepare(x: jax.Array, spec: QuantSpec):
 
 
 def _restore(xt, spec, shape, dtype, transform_key, rotated):
-    if spec.transform is not None and not rotated:
-        xt = T.unrotate(xt, spec.transform, transform_key)
     ndim = len(shape)
     axis = spec.axis if spec.axis >= 0 else ndim + spec.axis
     moved = list(shape)
     moved.append(moved.pop(axis))
+    if spec.transform is not None:
+        if not rotated:
+            xt = T.unrotate(xt, spec.transform, transform_key)
+        elif moved[-1] % spec.transform.size:
+            # Padding inside a Hadamard block: the rotation mixes the zeros into the kept
+            # entries, and cutting the rotated axis back would silently change dot products.
+            raise ValueError(
+                f"rotated=True with a padded axis {axis} of shape {tuple(shape)} (padded to "
+                f"{xt.shape[-1]} for Hadamard size {spec.transform.size}): the rotated values "
+                "only contract correctly at the padded length; use rotated=False"
+            )
     if ndim == 1:
         xt = xt[0]
     xt = xt[tuple(slice(0, n) for n in moved)]
     return jnp.moveaxis(xt, -1, axis).astype(dtype)
 
 
-def _split(key, spec: QuantSpec):
-    if spec.needs_key and key is None:
+def _split(key, spec: QuantSpec, transform_key=None):
+    # A random-sign Hadamard needs randomness only for its signs: a given transform key is
+    # enough for it; stochastic rounding always needs `key`.
+    needs = spec.rounding == "stochastic" or (spec.needs_key and transform_key is None)
+    if needs and key is None:
         raise ValueError(
             f"this QuantSpec needs a PRNG key (rounding={spec.rounding!r}, "
             f"transform={spec.transform!r}); pass key=..."
@@ -291,7 +304,8 @@ def quantize(
     Args:
       x: float32, bfloat16 or float16 array.
       spec: the QuantSpec.
-      key: PRNG key; required for stochastic rounding and random-sign Hadamards.
+      key: PRNG key; required for stochastic rounding, and for random-sign Hadamards unless
+        `transform_key` is given.
       transform_key: key for random Hadamard signs (default: derived from `key`). Two GEMM
         operands rotated with the same transform key cancel exactly.
       amax: optional amax of the outer scope (delayed scaling), broadcastable to the scope;
@@ -304,7 +318,7 @@ def quantize(
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"quantize needs a floating-point array, got {x.dtype}")
-    k_round, k_t = _split(key, spec)
+    k_round, k_t = _split(key, spec, transform_key)
     if transform_key is None:
         transform_key = k_t
     xt = _prepare(x, spec)
@@ -392,6 +406,8 @@ def fake_quant(
         return x
     if transform_key is None:
         transform_key = _split(key, spec)[1]
+    else:
+        _split(key, spec, transform_key)  # stochastic rounding still needs `key`
     x_hat = quantize_dequantize(
         jax.lax.stop_gradient(x),
         spec,

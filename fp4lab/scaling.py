@@ -21,7 +21,8 @@ NVFP4, convention "jax" (jax._src.cudnn.scaled_matmul_stablehlo.quantize):
     with g = amax_scope / (6 * 448) (1 where that is 0).
 MX (OCP Microscaling v1.0): shared = floor(log2(amax_b)) - emax_elem ("floor"), or
     ceil(log2(amax_b / max_elem)) ("ceil", the RCEIL rule of cuBLAS/TE/jax.nn), clamped to
-    [-127, 127] and read from the float bits;  q = elem(clamp(x / 2**shared, +-max)).
+    [-127, 127] (and to at most 127 - emax_elem, so that max_elem * 2**shared is finite) and
+    read from the float bits;  q = elem(clamp(x / 2**shared, +-max)).
 Four-over-six (Cook et al. 2025, arXiv 2512.02010): per block a second candidate with the
     block scale x 1.5 (block max -> 4); keep the candidate with the lower block error, MAE or
     MSE, summed as TransformerEngine sums it; ties keep map-to-6.
@@ -95,6 +96,19 @@ def _nan_where_nonfinite(scale: jax.Array, amax: jax.Array) -> jax.Array:
     return jnp.where(jnp.isfinite(amax), scale, jnp.nan)
 
 
+def _div(a: jax.Array, b: jax.Array) -> jax.Array:
+    """IEEE a / b, elementwise with broadcasting.
+
+    XLA's algebraic simplifier rewrites a / broadcast(b) into a * broadcast(1 / b), which is off
+    by one ulp for about a third of the inputs. The rules that are held bit for bit against
+    references dividing for real (TE's quantizer divides in PyTorch) broadcast the divisor
+    behind an optimization barrier, where the rewrite cannot see it.
+    """
+    shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+    b = jax.lax.optimization_barrier(jnp.broadcast_to(jnp.asarray(b, jnp.float32), shape))
+    return jnp.broadcast_to(a, shape) / b
+
+
 def _elements(v: jax.Array, fmt: F.ElementFormat, rounding: str, key) -> jax.Array:
     m = jnp.float32(fmt.max)
     return F.round_to_format(jnp.clip(v, -m, m), fmt, rounding=rounding, key=key)
@@ -155,7 +169,7 @@ def _four_over_six_te(xb, amax_b, amax_scope, elem, mode) -> Scaled:
     emax = 256.0
     s_enc, s_dec = _te_global(amax_scope, emax)
     six = jnp.float32(elem.max)
-    base = amax_b / six * s_enc
+    base = _div(amax_b, six) * s_enc
     cands = []
     for mult in (1.5, 1.0):  # map-to-4, map-to-6
         s = _e4m3(base * jnp.float32(mult))
@@ -163,7 +177,7 @@ def _four_over_six_te(xb, amax_b, amax_scope, elem, mode) -> Scaled:
         q = _elements(xb * e, elem, "rne", None)
         val = q * s  # back in the input domain: q * s * amax_scope / (6 * E), as TE writes it
         if amax_scope is not None:
-            val = val * amax_scope / jnp.float32(6.0 * emax)
+            val = _div(val * amax_scope, jnp.float32(6.0 * emax))
         diff = val - xb
         d = diff * diff if mode == "mse" else jnp.abs(diff)
         err = d[..., 0:1]
@@ -196,8 +210,12 @@ def nvfp4_jax(
 ) -> Scaled:
     """Two-level E4M3 block scaling, jax.nn convention (see module docstring).
 
-    A zero block has s_b = 0; its elements are 0 (jax's own quantizer would compute 0/0 there).
+    A block whose scale is 0 (a zero block, or tiny values whose scale underflows in E4M3)
+    dequantizes to 0. Its nonzero elements become +-6 (x / 0 = +-inf, clipped), exactly as in
+    jax's quantizer; its zero elements stay 0, where jax computes 0/0 = NaN.
     """
+    # Written with the same divisions as jax's quantizer (x / g, amax / 6, x / s_b): XLA
+    # compiles a / broadcast(b) as a * (1 / b) in both, which keeps them bit-identical.
     six = jnp.float32(elem.max)
     if amax_scope is None:
         g = jnp.float32(1.0)
@@ -207,7 +225,7 @@ def nvfp4_jax(
     x = xb / g
     amax_b = block_amax(x)
     s_b = _e4m3(jnp.clip(amax_b / six, 0, E4M3_MAX))
-    v = jnp.where(s_b == 0, jnp.float32(0.0), x / s_b)
+    v = jnp.where(x == 0, x, x / s_b)
     q = _elements(v, elem, rounding, key)
     return Scaled(q, _nan_where_nonfinite(s_b, amax_b), _outer(g, amax_scope))
 
@@ -225,21 +243,28 @@ def mx(
     if scale_rounding == "floor":
         e = F._exponent(jnp.where(amax_b > 0, amax_b, 1.0)) - elem.emax
         e = jnp.where(amax_b > 0, jnp.clip(e, -127, 127), -127)
-        scale = F._pow2(e)
     elif scale_rounding == "ceil":
-        scale = F.round_pow2(amax_b / jnp.float32(elem.max), "ceil")
+        e = F._exponent(F.round_pow2(amax_b / jnp.float32(elem.max), "ceil"))
     else:
         raise ValueError(f"scale_rounding={scale_rounding!r}; allowed: 'floor', 'ceil'")
-    q = _elements(xb / scale, elem, rounding, key)
+    # At most 127 - emax_elem, so that max_elem * 2**e stays finite in float32: "ceil" on an
+    # amax within a factor ~2 of FLT_MAX would otherwise round elements up to inf after
+    # dequantization. "floor" never reaches the cap.
+    e = jnp.minimum(e, 127 - elem.emax)
+    scale = F._pow2(e)
+    # x * 2**-e, not x / 2**e: the same exact result, but 2**-e is a normal float32 for
+    # e in [-127, 125], while the divisor 2**-127 is a subnormal that flush-to-zero backends
+    # (XLA on CPU) read as 0, turning a zero block into 0/0 = NaN.
+    q = _elements(xb * F._pow2(-e), elem, rounding, key)
     return Scaled(q, _nan_where_nonfinite(scale, amax_b), jnp.float32(1.0))
 
 
 def fp32_blocks(xb: jax.Array, *, elem: F.ElementFormat, rounding: str = "rne", key=None) -> Scaled:
     """Block scale in FP32: s_b = amax_b / max_elem (1 for a zero block); q = elem(x / s_b)."""
     amax_b = block_amax(xb)
-    s_b = amax_b / jnp.float32(elem.max)
+    s_b = _div(amax_b, jnp.float32(elem.max))
     s_b = jnp.where(s_b == 0, jnp.float32(1.0), s_b)
-    q = _elements(xb / s_b, elem, rounding, key)
+    q = _elements(_div(xb, s_b), elem, rounding, key)
     return Scaled(q, _nan_where_nonfinite(s_b, amax_b), jnp.float32(1.0))
 
 
@@ -253,13 +278,15 @@ def per_scope(
 ) -> Scaled:
     """No block scale: one FP32 scale per scope, as FP8 "current scaling" in TE.
 
-    scale = max_elem / amax_scope (1 where amax is 0), q = elem(clamp(x * scale)), x_hat = q /
-    scale. Without a scope (outer "none") this is a plain saturating cast.
+    scale = min(max_elem / amax_scope, FLT_MAX) (1 where amax is 0), q = elem(clamp(x * scale)),
+    x_hat = q * (1 / scale), as TE's reference does it. Without a scope (outer "none") this is a
+    plain saturating cast.
     """
     one = jnp.ones((1,) * xb.ndim, jnp.float32)
     if amax_scope is None:
         return Scaled(_elements(xb, elem, rounding, key), one, jnp.float32(1.0))
-    enc = jnp.float32(elem.max) / amax_scope
-    enc = jnp.where((enc == 0) | ~jnp.isfinite(enc), jnp.float32(1.0), enc)
+    enc = jnp.minimum(jnp.float32(elem.max) / amax_scope, FLT_MAX)
+    bad = (amax_scope == 0) | (enc == 0) | ~jnp.isfinite(enc)
+    enc = jnp.where(bad, jnp.float32(1.0), enc)
     q = _elements(xb * enc, elem, rounding, key)
     return Scaled(q, one, _outer(jnp.float32(1.0) / enc, amax_scope))

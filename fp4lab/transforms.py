@@ -74,15 +74,8 @@ class Hadamard:
     def matrix(self, key: jax.Array | None = None) -> jax.Array:
         """R = diag(s) H / sqrt(n) as a float32 (n, n) array."""
         h = jnp.asarray(sylvester(self.size)) * jnp.float32(1.0 / np.sqrt(self.size))
-        if self.signs == "none":
-            return h
-        if self.signs == "random":
-            if key is None:
-                raise ValueError("Hadamard(signs='random') needs a key; none was given")
-            s = jax.random.rademacher(key, (self.size,), jnp.float32)
-        else:
-            s = jnp.asarray(self.signs, jnp.float32)
-        return s[:, None] * h
+        s = _signs(self, key)
+        return h if s is None else s[:, None] * h
 
 
 def _check(x: jax.Array, t: Hadamard) -> None:
@@ -92,19 +85,57 @@ def _check(x: jax.Array, t: Hadamard) -> None:
         )
 
 
+def _signs(t: Hadamard, key: jax.Array | None) -> jax.Array | None:
+    if t.signs == "none":
+        return None
+    if t.signs == "random":
+        if key is None:
+            raise ValueError("Hadamard(signs='random') needs a key; none was given")
+        return jax.random.rademacher(key, (t.size,), jnp.float32)
+    return jnp.asarray(t.signs, jnp.float32)
+
+
+def _sylvester_apply(xb: jax.Array) -> jax.Array:
+    """xb H / sqrt(n) (H Sylvester, symmetric) along the last axis, by butterflies.
+
+    Written as explicit additions (a fast Walsh-Hadamard transform) rather than a dot: XLA
+    does not reorder them, so the bits are the same eagerly, under jit and on every backend (a
+    dot's accumulation order is the backend's choice, and differed between eager and jitted
+    code). 1 / sqrt(n) is split into an exact power of two applied before the additions (for
+    inputs near FLT_MAX, summing first would overflow) and, for odd log2(n), a factor
+    1 / sqrt(2) applied after them. Caveat: inside a jitted fusion XLA may contract an inexact
+    product computed just before (q * s * outer when dequantizing) with the first addition
+    into a fused multiply-add, which can change the last bit.
+    """
+    *lead, n = xb.shape
+    k = (n.bit_length() - 1) // 2
+    xb = xb * jnp.float32(2.0**-k)
+    h = 1
+    while h < n:
+        y = xb.reshape(*lead, n // (2 * h), 2, h)
+        a, b = y[..., 0, :], y[..., 1, :]
+        xb = jnp.stack([a + b, a - b], axis=-2).reshape(*lead, n)
+        h *= 2
+    rest = 2.0**k / np.sqrt(n)
+    return xb if rest == 1.0 else xb * jnp.float32(rest)
+
+
 def rotate(x: jax.Array, t: Hadamard, key: jax.Array | None = None) -> jax.Array:
     """x R applied to consecutive blocks of t.size along the last axis (float32)."""
     _check(x, t)
-    r = t.matrix(key)
+    s = _signs(t, key)
     xb = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, t.size)
-    out = jnp.einsum("...i,ij->...j", xb, r, precision=jax.lax.Precision.HIGHEST)
-    return out.reshape(x.shape)
+    if s is not None:
+        xb = xb * jnp.broadcast_to(s, xb.shape)  # x diag(s) H / sqrt(n) = x R
+    return _sylvester_apply(xb).reshape(x.shape)
 
 
 def unrotate(x: jax.Array, t: Hadamard, key: jax.Array | None = None) -> jax.Array:
     """x R^T blockwise along the last axis: the inverse of `rotate` (R is orthogonal)."""
     _check(x, t)
-    r = t.matrix(key)
+    s = _signs(t, key)
     xb = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, t.size)
-    out = jnp.einsum("...j,ij->...i", xb, r, precision=jax.lax.Precision.HIGHEST)
+    out = _sylvester_apply(xb)
+    if s is not None:
+        out = out * jnp.broadcast_to(s, out.shape)  # x H diag(s) / sqrt(n) = x R^T
     return out.reshape(x.shape)
