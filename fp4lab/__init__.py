@@ -3,8 +3,11 @@
 The public API, re-exported; nothing is defined here.
 """
 
-from fp4lab import formats, scaling, transforms
+from fp4lab import backends, formats, recipes, scaling, telemetry, transforms
 from fp4lab.formats import format_names, get_format
+from fp4lab.inject import Rule, describe, quantize_model, unquantize
+from fp4lab.qconv import qconv_general_dilated
+from fp4lab.qdot import qdot_general
 from fp4lab.quantize import (
     QTensor,
     QuantSpec,
@@ -17,16 +20,21 @@ from fp4lab.quantize import (
     quantize,
     quantize_dequantize,
 )
+from fp4lab.recipes import GemmRecipe
 from fp4lab.transforms import Hadamard
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GemmRecipe",
     "Hadamard",
     "QTensor",
     "QuantSpec",
+    "Rule",
     "__version__",
+    "backends",
     "cast_spec",
+    "describe",
     "fake_quant",
     "format_names",
     "formats",
@@ -35,8 +43,14 @@ __all__ = [
     "mxfp4",
     "mxfp8",
     "nvfp4",
+    "qconv_general_dilated",
+    "qdot_general",
     "quantize",
     "quantize_dequantize",
+    "quantize_model",
+    "recipes",
     "scaling",
+    "telemetry",
     "transforms",
+    "unquantize",
 ]
