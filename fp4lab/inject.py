@@ -129,6 +129,7 @@ class QuantizedOp(nnx.Module):
             hist = AmaxHistory(jnp.zeros((length,), jnp.float32)) if length else None
             setattr(self, f"amax_{name}", hist)
         # telemetry: the gradient channel and the latest forward statistics (not for convs yet)
+        self.measure = telemetry and op != "conv"  # static: set_enabled switches it per step
         if telemetry and op != "conv":
             self.probe = T.GradProbe(jnp.zeros((calls, len(T.BWD_OPERANDS), n), jnp.float32))
             self.fstats = T.OpStats(jnp.zeros((calls, len(T.FWD_OPERANDS), n), jnp.float32))
@@ -182,7 +183,7 @@ class QuantizedOp(nnx.Module):
         key=None,
         call: int = 0,
     ):
-        probe = None if self.probe is None else self.probe[...][call]
+        probe = self.probe[...][call] if self.probe is not None and self.measure else None
         amax = {}
         for name, operand in (("x", lhs), ("w", rhs)):
             if self._delayed[name][0]:

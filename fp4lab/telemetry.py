@@ -51,6 +51,7 @@ __all__ = [
     "operand_stats",
     "value_and_grad",
     "collect",
+    "set_enabled",
     "exact_grads",
     "shadow_metrics",
     "to_frame",
@@ -116,7 +117,7 @@ def _ops(model):
     from fp4lab.inject import QuantizedOp  # inject builds on this module
 
     for _, m in nnx.iter_modules(model):
-        if isinstance(m, QuantizedOp) and m.probe is not None:
+        if isinstance(m, QuantizedOp) and m.probe is not None and m.measure:
             yield m
 
 
@@ -126,6 +127,21 @@ def _flatten(layer: str, table: jax.Array, operands) -> dict[str, jax.Array]:
         for j, stat in enumerate(STATS):
             out[f"quant/{layer}/{gemm}/{operand}/{stat}"] = table[i, j]
     return out
+
+
+def set_enabled(model, on: bool):
+    """Switches measurement of a model's telemetry-enabled ops on or off, in place.
+
+    Log every k steps with `set_enabled(model, step % k == 0)` before a jitted step: the flag is
+    static, so nnx.jit compiles the step once with and once without statistics, and steps
+    without them cost exactly what a model without telemetry costs.
+    """
+    from fp4lab.inject import QuantizedOp  # inject builds on this module
+
+    for _, m in nnx.iter_modules(model):
+        if isinstance(m, QuantizedOp) and m.probe is not None:
+            m.measure = bool(on)
+    return model
 
 
 def collect(model, probe_grads=None) -> dict[str, jax.Array]:

@@ -228,3 +228,37 @@ def test_to_frame_is_tidy():
     assert set(df.step) == {0, 1}
     one = T.to_frame({"quant/up/fprop/x/rel_err": 0.5}, step=7)
     assert one.step.tolist() == [7]
+
+
+def test_logging_every_k_steps_costs_nothing_between_logs():
+    import optax
+
+    def run(log_every):
+        model = MLP(nnx.Rngs(0))
+        quantize_model(
+            model, [Rule(r".*", "nvfp4")], key=jax.random.key(0), telemetry=log_every is not None
+        )
+        opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+        x, y = _data()
+
+        @nnx.jit
+        def step(model, opt):
+            loss, grads, metrics = T.value_and_grad(_loss)(model, x, y)
+            opt.update(model, grads)
+            return loss, metrics
+
+        losses, logged = [], []
+        for i in range(4):
+            if log_every is not None:
+                T.set_enabled(model, i % log_every == 0)
+            loss, metrics = step(model, opt)
+            losses.append(float(loss))
+            logged.append(len(metrics))
+        return losses, logged, nnx.state(model, nnx.Param)
+
+    l0, m0, p0 = run(None)
+    l2, m2, p2 = run(2)
+    assert l0 == l2 and m0 == [0, 0, 0, 0]
+    assert m2[0] > 0 and m2[1] == 0 and m2[2] == m2[0] and m2[3] == 0
+    for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p2), strict=True):
+        np.testing.assert_array_equal(a, b)
