@@ -62,6 +62,8 @@ class QuantSpec:
     convention: str = "te"  # NVFP4 two-level rule: "te" | "jax"
     axis: int = -1  # contraction axis; blocks run along it
     pad: bool = False  # zero-pad axes the tile does not divide instead of raising
+    amax_history: int = 0  # delayed scaling: outer amax from the last n steps (0 = current)
+    amax_algo: str = "max"  # delayed scaling: "max" of the history | "most_recent"
 
     def __post_init__(self):
         F.get_format(self.elem)  # raises with the allowed names
@@ -117,6 +119,18 @@ class QuantSpec:
             raise ValueError(
                 f"pass-through format {self.elem!r} takes no scales: use "
                 "tile=None, block_scale=None, outer='none' (fl.cast_spec)"
+            )
+        if self.amax_algo not in ("max", "most_recent"):
+            raise _allowed("amax_algo", self.amax_algo, ("max", "most_recent"))
+        if self.amax_history < 0 or (self.amax_history and self.outer != "tensor"):
+            raise ValueError(
+                f"QuantSpec.amax_history={self.amax_history} with outer={self.outer!r}: delayed "
+                "scaling needs amax_history >= 1 and outer='tensor' (0 = current scaling)"
+            )
+        if self.amax_history and self.transform is not None:
+            raise ValueError(
+                "QuantSpec.amax_history: delayed scaling of a rotated operand is "
+                "not supported (its amax is taken after the rotation)"
             )
 
     def replace(self, **changes) -> QuantSpec:
