@@ -1,0 +1,154 @@
+"""Speed of fp4lab's fake quantizers against a memory-bound floor and other libraries.
+
+Times jitted `fl.fake_quant` (quantize + dequantize) on an N x N float32 array on the default
+backend and prints a markdown table of median times and ratios to:
+
+  x * 2      a jitted elementwise multiply: one read and one write of the array, the floor
+  jax nvfp4  jax's own NVFP4 quantizer (jax._src.cudnn.scaled_matmul_stablehlo.quantize, with
+             a tensor scale g = amax / (6 * 448)) followed by a blockwise dequantization
+  qwix nvfp4 qwix.quantize(x, "nvfp4", tiled_axes={1: 16}) + qwix.dequantize, when qwix is
+             installed (qwix's NVFP4 has E4M3 block scales but no second-level tensor scale)
+
+All methods run in one process and are timed in interleaved rounds (every method once per
+round, in a shuffled order), each call ended with block_until_ready, after compilation and
+warm-up calls.
+
+    python benchmarks/quantizer.py --size 4096 --reps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig
+from jax._src.cudnn.scaled_matmul_stablehlo import quantize as jax_quantize
+
+import fp4lab as fl
+
+GOAL_COPY = 2.0  # nvfp4 1x16 at most this many times the x * 2 floor
+GOAL_QWIX = 1.3  # and at least this many times faster than qwix
+
+
+def copy_floor(x):
+    return x * 2
+
+
+def jax_nvfp4(x):
+    """jax's NVFP4 quantize (tensor scale from amax, in the jitted function) + dequantize."""
+    g = jnp.max(jnp.abs(x)).astype(jnp.float32) / jnp.float32(6.0 * 448.0)
+    cfg = BlockScaleConfig(
+        mode="nvfp4",
+        block_size=16,
+        data_type=jnp.float4_e2m1fn,
+        scale_type=jnp.float8_e4m3fn,
+        global_scale=g,
+        infer_only=False,
+    )
+    x_q, scale = jax_quantize(x, cfg)
+    xb = x_q.astype(jnp.float32).reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
+    return (xb * scale.astype(jnp.float32)[..., None] * g).reshape(x.shape)
+
+
+def qwix_nvfp4(qwix):
+    def f(x):
+        q = qwix.quantize(x, "nvfp4", tiled_axes={x.ndim - 1: 16})
+        return qwix.dequantize(q).astype(x.dtype)
+
+    return f
+
+
+def fake_quant(spec):
+    def f(x):
+        return fl.fake_quant(x, spec)
+
+    return f
+
+
+def median_ms(fns: dict, x, reps: int, warmup: int) -> dict[str, float]:
+    jitted = {name: jax.jit(f) for name, f in fns.items()}
+    for f in jitted.values():  # compile, then warm up
+        for _ in range(1 + warmup):
+            f(x).block_until_ready()
+    times = {name: [] for name in jitted}
+    order = list(jitted)
+    rng = random.Random(0)
+    for _ in range(reps):
+        rng.shuffle(order)  # no method always runs right after the same neighbour
+        for name in order:
+            f = jitted[name]
+            t0 = time.perf_counter()
+            f(x).block_until_ready()
+            times[name].append(time.perf_counter() - t0)
+    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=4096, help="N of the N x N float32 input")
+    p.add_argument("--reps", type=int, default=20, help="timed repetitions per method")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls after compiling")
+    args = p.parse_args(argv)
+    if args.size % 32:
+        p.error("--size must be a multiple of 32 (MXFP4 blocks)")
+
+    try:
+        import qwix
+    except ImportError:
+        qwix = None
+
+    x = jax.random.normal(jax.random.key(0), (args.size, args.size), jnp.float32)
+    fps = {
+        "fp4lab nvfp4 1x16": fake_quant(fl.nvfp4()),
+        "fp4lab nvfp4 16x16": fake_quant(fl.nvfp4(tile=(16, 16))),
+        "fp4lab nvfp4 four-over-six (mae)": fake_quant(fl.nvfp4(four_over_six="mae")),
+        "fp4lab mxfp4": fake_quant(fl.mxfp4()),
+    }
+    refs = {"x * 2 (copy floor)": copy_floor, "jax nvfp4": jax_nvfp4}
+    if qwix is not None:
+        refs["qwix nvfp4"] = qwix_nvfp4(qwix)
+    ms = median_ms({**refs, **fps}, x, args.reps, args.warmup)
+
+    dev = jax.devices()[0]
+    print(
+        f"fake_quant, {args.size}x{args.size} float32 on {dev.platform} ({dev.device_kind}), "
+        f"jax {jax.__version__}; median of {args.reps} reps after {args.warmup} warm-up calls"
+    )
+    if qwix is None:
+        print("qwix is not installed: the qwix column is skipped")
+    print()
+    cols = ["method", "median ms", "ratio to x*2", "ratio to jax nvfp4"]
+    if qwix is not None:
+        cols.append("ratio to qwix")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "|".join(["---"] + ["---:"] * (len(cols) - 1)) + "|")
+    for name, t in ms.items():
+        row = [name, f"{t:.2f}", f"{t / ms['x * 2 (copy floor)']:.2f}x"]
+        row.append(f"{t / ms['jax nvfp4']:.2f}x")
+        if qwix is not None:
+            row.append(f"{t / ms['qwix nvfp4']:.2f}x")
+        print("| " + " | ".join(row) + " |")
+
+    t = ms["fp4lab nvfp4 1x16"]
+    vs_copy = t / ms["x * 2 (copy floor)"]
+    print()
+    print(f"goal: nvfp4 1x16 <= {GOAL_COPY}x the copy and >= {GOAL_QWIX}x faster than qwix")
+    ok_copy = vs_copy <= GOAL_COPY
+    print(f"  copy: {vs_copy:.2f}x the copy -> {'met' if ok_copy else 'NOT met'}")
+    if qwix is None:
+        print("  qwix: not installed -> not measured")
+        verdict = "NOT met" if not ok_copy else "not decided (qwix part not measured)"
+    else:
+        speedup = ms["qwix nvfp4"] / t
+        ok_qwix = speedup >= GOAL_QWIX
+        print(f"  qwix: {speedup:.2f}x faster than qwix -> {'met' if ok_qwix else 'NOT met'}")
+        verdict = "met" if ok_copy and ok_qwix else "NOT met"
+    print(f"goal {verdict}")
+
+
+if __name__ == "__main__":
+    main()
