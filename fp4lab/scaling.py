@@ -78,13 +78,23 @@ def unblock(xb: jax.Array) -> jax.Array:
     return xb.reshape(*lead, rb * ty, kb * tx)
 
 
+def _abs_nan_as_inf(xb: jax.Array) -> jax.Array:
+    """|x| with NaN read as +inf, so every max reduction keeps it non-finite.
+
+    XLA's CPU backend may route large max reductions to a kernel that skips NaN; +inf survives
+    any max, and a non-finite amax makes its scope NaN (see `_nan_where_nonfinite`).
+    """
+    a = jnp.abs(xb)
+    return jnp.where(jnp.isnan(a), jnp.float32(jnp.inf), a)
+
+
 def block_amax(xb: jax.Array) -> jax.Array:
-    return jnp.max(jnp.abs(xb), axis=(-3, -1), keepdims=True)
+    return jnp.max(_abs_nan_as_inf(xb), axis=(-3, -1), keepdims=True)
 
 
 def scope_amax(xb: jax.Array, outer: str) -> jax.Array | None:
     """amax over the outer scope: "tensor" (all elements), "row" (each row), "none" -> None."""
-    a = jnp.abs(xb)
+    a = _abs_nan_as_inf(xb)
     if outer == "tensor":
         return jnp.max(a, keepdims=True)
     if outer == "row":  # rows are (R/ty, ty) pairs; row scope requires ty == 1

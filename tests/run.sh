@@ -25,4 +25,4 @@ if [ ! -x .venv312/bin/python ]; then
     rm -rf .venv312; exit 0; }
 fi
 echo "native-path parity tests (Python 3.12, jax $(.venv312/bin/python -c 'import jax; print(jax.__version__)')):"
-.venv312/bin/python -m pytest -q -p no:cacheprovider tests/native
+.venv312/bin/python -m pytest -p no:cacheprovider tests/native

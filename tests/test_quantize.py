@@ -499,3 +499,20 @@ def test_two_level_scaling_is_idempotent_with_the_outer_scale_held(x):
         np.testing.assert_array_equal(q2.codes, q1.codes)
         np.testing.assert_array_equal(q2.scale, q1.scale)
         np.testing.assert_allclose(deq(q2), deq(q1), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        (fl.nvfp4(), 512 * 512),
+        (fl.nvfp4(scope="row"), 512),
+        (fl.mxfp4(), 32),
+        (fl.fp8("e4m3"), 512 * 512),
+    ],
+)
+@pytest.mark.parametrize("jit", [False, True])
+def test_nan_poisons_its_scope_at_sizes_where_cpu_reductions_skip_nan(spec, expected, jit):
+    """Large max reductions on the CPU may skip NaN; the quantizer must not."""
+    x = jax.random.normal(jax.random.key(0), (512, 512)).at[3, 5].set(jnp.nan)
+    f = jax.jit(lambda a: fl.fake_quant(a, spec)) if jit else (lambda a: fl.fake_quant(a, spec))
+    assert int(jnp.isnan(f(x)).sum()) == expected
