@@ -1,0 +1,224 @@
+"""Time of one training step of the Llama-style LM under each recipe, side by side.
+
+One step is forward + backward + an optax.adam update under nnx.jit, next-token cross-entropy
+on random tokens, for
+
+  fp32                 the unquantized model (the reference)
+  bf16, nvfp4, nvfp4-rl, mxfp4-h16
+                       quantize_model(model, [Rule(".*lm_head.*", None), Rule(".*", name)]),
+                       simulated backend
+  nvfp4 +telemetry     quantize_model(..., telemetry=True) and fp4lab.telemetry.value_and_grad
+                       (operand statistics of every GEMM, every step)
+  nvfp4 +telemetry +shadow
+                       also the exact gradients (telemetry.exact_grads) and shadow_metrics in
+                       the same jitted step
+  qwix nvfp4           qwix's NVFP4 quantized training (QtProvider) on the same projections
+                       and MLP layers (lm_head in high precision), when qwix is installed: all
+                       six GEMM operands in 1x16 blocks with E4M3 scales, but no tensor scale,
+                       no 2D weight tiles, no stochastic rounding and no Hadamard, so a lighter
+                       recipe than fp4lab's nvfp4
+
+All rows live in one process. Each step function is compiled and warmed up first (the first
+call's time, trace + compile + one step, is reported), then timed in interleaved rounds (every
+row once per round, in a shuffled order), each call ended with block_until_ready; the table
+gives medians, and the fastest step (less sensitive to other processes on a shared machine).
+The goals are judged on the medians.
+
+    python benchmarks/step.py            # d_model 256, 4 layers, seq 128, batch 16
+    python benchmarks/step.py --quick    # tiny shapes, a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+import warnings
+
+import jax
+import optax
+from flax import nnx
+
+from fp4lab import inject
+from fp4lab import telemetry as T
+from fp4lab.models.transformer import Transformer, TransformerConfig
+
+GOAL_NVFP4 = 1.5  # nvfp4 step at most this many times the fp32 step
+GOAL_TELEMETRY = 1.2  # telemetry at most this many times the same step without it
+GOAL_SHADOW = 2.2  # telemetry + shadow gradients at most this many times the step without them
+
+RECIPES = ("bf16", "nvfp4", "nvfp4-rl", "mxfp4-h16")
+TELEMETRY = "nvfp4 +telemetry"
+SHADOW = "nvfp4 +telemetry +shadow"
+QWIX = "qwix nvfp4"
+
+
+def loss_fn(model, tokens):
+    logits = model(tokens[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+def plain_step(model, opt, tokens):
+    loss, grads = nnx.value_and_grad(loss_fn)(model, tokens)
+    opt.update(model, grads)
+    return loss
+
+
+def telemetry_step(model, opt, tokens):
+    loss, grads, metrics = T.value_and_grad(loss_fn)(model, tokens)
+    opt.update(model, grads)
+    return loss, metrics
+
+
+def shadow_step(model, opt, tokens):
+    loss, grads, metrics = T.value_and_grad(loss_fn)(model, tokens)
+    exact = T.exact_grads(loss_fn, model, tokens)
+    metrics = metrics | T.shadow_metrics(grads, exact)
+    opt.update(model, grads)
+    return loss, metrics
+
+
+def rules(name: str) -> list:
+    return [inject.Rule(r".*lm_head.*", None), inject.Rule(r".*", name)]
+
+
+def qwix_model(qwix, cfg: TransformerConfig, tokens):
+    """The model under qwix's NVFP4 quantized training: forward operands and gradients NVFP4
+    with 1x16 tiles along the contraction axis, the projections and MLP layers only."""
+    rule = qwix.QtRule(
+        module_path=r".*blocks.*(query|key|value|out|gate|up|down).*",
+        op_names=("dot_general",),
+        weight_qtype="nvfp4",
+        act_qtype="nvfp4",
+        bwd_qtype="nvfp4",
+        tile_size=16,
+        bwd_weight_grad_tile_size=16,
+        additional_qt_config={"dlhs_tile_size": 16},  # qwix tiles only the Wgrad by default
+    )
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    return qwix.quantize_model(model, qwix.QtProvider([rule]), tokens[:, :-1])
+
+
+def build(cfg: TransformerConfig, tokens, qwix) -> dict:
+    """{row: (jitted step, model, optimizer)}."""
+    rows = {}
+
+    def add(name, model, step):
+        opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+        rows[name] = (nnx.jit(step), model, opt)
+
+    add("fp32", Transformer(cfg, rngs=nnx.Rngs(0)), plain_step)
+    for name in RECIPES:
+        model = Transformer(cfg, rngs=nnx.Rngs(0))
+        inject.quantize_model(model, rules(name), key=jax.random.key(0))
+        add(name, model, plain_step)
+    for name, step in ((TELEMETRY, telemetry_step), (SHADOW, shadow_step)):
+        model = Transformer(cfg, rngs=nnx.Rngs(0))
+        inject.quantize_model(model, rules("nvfp4"), key=jax.random.key(0), telemetry=True)
+        add(name, model, step)
+    if qwix is not None:
+        add(QWIX, qwix_model(qwix, cfg, tokens), plain_step)
+    return rows
+
+
+def measure(rows: dict, tokens, reps: int, warmup: int) -> tuple[dict, dict, dict]:
+    """(first-call seconds, median ms per step, fastest ms per step) per row."""
+    first = {}
+    for name, (step, model, opt) in rows.items():
+        t0 = time.perf_counter()
+        jax.block_until_ready(step(model, opt, tokens))
+        first[name] = time.perf_counter() - t0
+        for _ in range(warmup):
+            jax.block_until_ready(step(model, opt, tokens))
+        print(f"  compiled {name}: first call {first[name]:.1f} s", flush=True)
+    times = {name: [] for name in rows}
+    order = list(rows)
+    rng = random.Random(0)
+    for _ in range(reps):
+        rng.shuffle(order)  # no row always runs right after the same neighbour
+        for name in order:
+            step, model, opt = rows[name]
+            t0 = time.perf_counter()
+            jax.block_until_ready(step(model, opt, tokens))
+            times[name].append(time.perf_counter() - t0)
+    median = {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+    return first, median, {name: 1e3 * min(ts) for name, ts in times.items()}
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=10, help="timed steps per row")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
+    p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test)")
+    args = p.parse_args(argv)
+
+    if args.quick:
+        cfg = TransformerConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=32)
+        seq, batch = 32, 4
+    else:
+        cfg = TransformerConfig(
+            vocab=256, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=128
+        )
+        seq, batch = 128, 16
+    tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, cfg.vocab)
+
+    try:
+        import qwix
+    except ImportError:
+        qwix = None
+        print("qwix is not installed: the qwix row is skipped")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. jax's deprecation notes from qwix
+        rows = build(cfg, tokens, qwix)
+        first, ms, best = measure(rows, tokens, args.reps, args.warmup)
+
+    dev = jax.devices()[0]
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print()
+    print(
+        f"train step (fwd + bwd + adam), d_model={cfg.d_model}, layers={cfg.n_layers}, "
+        f"heads={cfg.n_heads}, d_ff={cfg.d_ff}, vocab={cfg.vocab}, seq={seq}, batch={batch}; "
+        f"{dev.platform} ({dev.device_kind}), {os.cpu_count()} CPUs, jax {jax.__version__}; "
+        f"median of {args.reps} steps after {args.warmup} warm-up steps"
+    )
+    if load is not None:
+        print(f"load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+    print()
+    cols = ["recipe", "median ms/step", "ratio to fp32", "fastest ms/step", "ratio to fp32"]
+    print("| " + " | ".join([*cols, "first call s"]) + " |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, t in ms.items():
+        b = best[name]
+        print(
+            f"| {name} | {t:.1f} | {t / ms['fp32']:.2f}x | {b:.1f} | {b / best['fp32']:.2f}x "
+            f"| {first[name]:.1f} |"
+        )
+
+    nv = ms["nvfp4"] / ms["fp32"]
+    tel = ms[TELEMETRY] / ms["nvfp4"]
+    sh = ms[SHADOW] / ms["nvfp4"]
+    print()
+    print(f"goal: nvfp4 <= {GOAL_NVFP4}x fp32")
+    print(f"  nvfp4 is {nv:.2f}x fp32 -> {verdict(nv <= GOAL_NVFP4)}")
+    print(
+        f"goal: telemetry <= {GOAL_TELEMETRY}x the step without it; "
+        f"shadow gradients <= {GOAL_SHADOW}x"
+    )
+    print(f"  telemetry: {tel:.2f}x the nvfp4 step -> {verdict(tel <= GOAL_TELEMETRY)}")
+    print(
+        f"  telemetry + shadow gradients: {sh:.2f}x the nvfp4 step "
+        f"({ms[SHADOW] / ms[TELEMETRY]:.2f}x the telemetry step) -> {verdict(sh <= GOAL_SHADOW)}"
+    )
+    if QWIX in ms:
+        print(f"nvfp4 vs qwix nvfp4: {ms['nvfp4'] / ms[QWIX]:.2f}x qwix's step time")
+
+
+if __name__ == "__main__":
+    main()
