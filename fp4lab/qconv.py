@@ -21,7 +21,7 @@ import jax
 from jax import lax
 
 from fp4lab import recipes as R
-from fp4lab.qdot import _operand, operand_keys
+from fp4lab.qdot import _operand, operand_keys, resolve_recipe_and_key
 
 __all__ = ["qconv_general_dilated"]
 
@@ -126,15 +126,11 @@ def qconv_general_dilated(
     """`lax.conv_general_dilated` with Fprop, Dgrad and Wgrad quantized as `recipe` says."""
     if out_sharding is not None:
         raise ValueError("qconv_general_dilated does not support out_sharding")
-    recipe = R.get(recipe) or R.GemmRecipe()
     if feature_group_count != 1 or batch_group_count != 1:
         raise ValueError(
             "quantized convolutions support feature_group_count == batch_group_count == 1 only"
         )
-    if recipe.needs_key and key is None:
-        raise ValueError(f"recipe {recipe.name or recipe} needs a PRNG key; pass key=...")
-    if key is None:
-        key = jax.random.key(0)  # never consumed: the recipe is deterministic
+    recipe, key = resolve_recipe_and_key(recipe, key)
     dn = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
     axes = (
         dn.lhs_spec[0],

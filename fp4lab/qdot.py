@@ -276,6 +276,20 @@ def _qdot_probed_bwd(cfg, res, cotangents):
 _qdot_probed.defvjp(_qdot_probed_fwd, _qdot_probed_bwd)
 
 
+def resolve_recipe_and_key(recipe, key):
+    """(GemmRecipe, key) for a quantized op: names looked up, None = no quantization; a key is
+    required where the recipe draws random numbers, and a fixed unused one stands in elsewhere."""
+    recipe = R.get(recipe) or R.GemmRecipe()
+    if recipe.needs_key and key is None:
+        raise ValueError(
+            f"recipe {recipe.name or recipe} needs a PRNG key (stochastic rounding "
+            "or random Hadamard signs); pass key=..."
+        )
+    if key is None:
+        key = jax.random.key(0)  # never consumed: the recipe is deterministic
+    return recipe, key
+
+
 def qdot_general(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -311,16 +325,7 @@ def qdot_general(
     """
     if out_sharding is not None:
         raise ValueError("qdot_general does not support out_sharding")
-    recipe = R.get(recipe)
-    if recipe is None:
-        recipe = R.GemmRecipe()
-    if recipe.needs_key and key is None:
-        raise ValueError(
-            f"recipe {recipe.name or recipe} needs a PRNG key (stochastic rounding "
-            "or random Hadamard signs); pass key=..."
-        )
-    if key is None:
-        key = jax.random.key(0)  # never consumed: the recipe is deterministic
+    recipe, key = resolve_recipe_and_key(recipe, key)
     amax = {k: jnp.asarray(v, jnp.float32) for k, v in (amax or {}).items()}
     from fp4lab.backends import resolve  # backends builds on this module's Layout
 
