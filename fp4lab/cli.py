@@ -1,9 +1,20 @@
-"""The `fp4lab` command."""
+"""The `fp4lab` command.
+
+fp4lab run EXPERIMENT [--out DIR] [--seeds N] [--steps N] [--dry-run] [--workers N]
+                      [--executor local|ray] [--address ADDR]
+fp4lab ls RESULTS          runs per cell (done, failed, missing)
+fp4lab show RESULTS        the summary table: loss gap with a seed interval, divergences,
+                           tokens to target
+fp4lab plot RESULTS        the standard figures, as PNG files in RESULTS/figures
+fp4lab report RESULTS      one self-contained HTML page: RESULTS/report.html
+fp4lab formats | demo      the element formats; a tour of the toolkit
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import fp4lab
 
@@ -20,16 +31,148 @@ def _demo(_args) -> int:
     return demo.main()
 
 
+def _load_experiment(args):
+    from fp4lab import sweep
+
+    return sweep.load_experiment(args.experiment, seeds=args.seeds, steps=args.steps)
+
+
+def _run(args) -> int:
+    from fp4lab import store, sweep
+
+    exp = _load_experiment(args)
+    out = Path(args.out) if args.out else Path("results") / exp.name
+    if args.dry_run:
+        st = store.Store(out)
+        print(f"{exp.name}: {len(exp.cells)} cells, {exp.n_runs} runs -> {out}")
+        for cell in exp.cells:
+            done = sum(st.finished(r) for r in cell.run_ids())
+            seeds = " ".join("/".join(map(str, s)) for s in cell.seeds)
+            print(
+                f"  {cell.label}  seeds(init/data/quant) {seeds}  [{done}/{len(cell.seeds)} done]"
+            )
+        return 0
+    options = {"address": args.address} if args.executor == "ray" else {}
+    counts = sweep.run_experiment(
+        exp, out, executor=args.executor, workers=args.workers, progress=not args.quiet, **options
+    )
+    print(
+        f"{exp.name}: {counts['done']} runs done, {counts['skipped']} already finished, "
+        f"{counts['failed']} failed -> {out}"
+    )
+    _print_summary(store.load(out), exp.name)
+    return 1 if counts["failed"] else 0
+
+
+def _print_summary(results, name: str) -> None:
+    import pandas as pd
+
+    from fp4lab import report
+
+    if results.runs.empty:
+        print("no finished runs")
+        return
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(f"\n{name}: per cell, intervals over seeds (95 %)")
+        print(report.cell_table(results.runs).to_string(index=False))
+
+
+def _ls(args) -> int:
+    from fp4lab import store
+
+    path = Path(args.results)
+    folders = [path] if (path / "runs").exists() else sorted(p.parent for p in path.glob("*/runs"))
+    if not folders:
+        print(f"{path}: no results here")
+        return 1
+    for folder in folders:
+        st = store.Store(folder)
+        manifest = st.experiment() or {}
+        records = {r["run_id"]: r for r in st.records()}
+        print(f"{folder}  ({manifest.get('name', folder.name)})")
+        cells = manifest.get("cells") or _cells_of(records)
+        for cell in cells:
+            rs = [records.get(r) for r in cell["run_ids"]]
+            ok = sum(r is not None and r["status"] == "ok" for r in rs)
+            failed = sum(r is not None and r["status"] == "failed" for r in rs)
+            missing = len(rs) - ok - failed
+            print(f"  {cell['label']:40s} ok {ok}  failed {failed}  missing {missing}")
+    return 0
+
+
+def _cells_of(records) -> list[dict]:
+    cells: dict[str, list[str]] = {}
+    for rid, r in records.items():
+        cells.setdefault(r["cell"], []).append(rid)
+    return [{"label": k, "run_ids": v} for k, v in cells.items()]
+
+
+def _show(args) -> int:
+    from fp4lab import store
+
+    results = store.load(args.results)
+    _print_summary(results, (results.experiment or {}).get("name", Path(args.results).name))
+    return 0
+
+
+def _plot(args) -> int:
+    from fp4lab import plots, store
+
+    out = Path(args.out) if args.out else Path(args.results) / "figures"
+    for path in plots.standard_figures(store.load(args.results), out):
+        print(path)
+    return 0
+
+
+def _report(args) -> int:
+    from fp4lab import report, store
+
+    print(report.write_report(store.load(args.results), args.out or args.results))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fp4lab", description=fp4lab.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"fp4lab {fp4lab.__version__}")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("formats", help="list the element formats").set_defaults(func=_formats)
     sub.add_parser("demo", help="formats, a quantized model, telemetry").set_defaults(func=_demo)
+
+    run = sub.add_parser("run", help="run an experiment file (resumes where it stopped)")
+    run.add_argument("experiment", help="a Python file with get_config() and sweep(add)")
+    run.add_argument("--out", help="results folder (default: results/<experiment name>)")
+    run.add_argument("--seeds", type=int, help="run seeds 0..N-1 in every cell")
+    run.add_argument("--steps", type=int, help="override the number of steps of every cell")
+    run.add_argument("--dry-run", action="store_true", help="list the cells and stop")
+    run.add_argument("--executor", choices=("local", "ray"), default="local")
+    run.add_argument("--address", help="ray: the cluster to join (default: start one here)")
+    run.add_argument("--workers", type=int, default=1, help="local: processes computing cells")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=_run)
+
+    for name, fn, text in (
+        ("ls", _ls, "runs per cell of a results folder (or of every folder under it)"),
+        ("show", _show, "the summary table of a results folder"),
+        ("plot", _plot, "write the standard figures (PNG)"),
+        ("report", _report, "write one self-contained HTML page"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("results", help="a results folder")
+        if name in ("plot", "report"):
+            p.add_argument("--out", help="where to write (default: inside the results folder)")
+        p.set_defaults(func=fn)
+
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         return _formats(args)
-    return args.func(args)
+    from fp4lab.config import ConfigError
+    from fp4lab.sweep import ExperimentError
+
+    try:
+        return args.func(args)
+    except (ExperimentError, ConfigError, FileNotFoundError) as e:
+        print(f"fp4lab {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -115,6 +115,12 @@ def bf16() -> GemmRecipe:
     return GemmRecipe(**_all(_cast("bf16")), name="bf16")
 
 
+def fp16() -> GemmRecipe:
+    """FP16 operands in all three GEMMs, no scaling: gradients below 2^-24 flush to zero, the
+    classic case for loss scaling (Micikevicius et al. 2018, arXiv 1710.03740)."""
+    return GemmRecipe(**_all(_cast("fp16")), name="fp16")
+
+
 def fp8() -> GemmRecipe:
     """FP8 with per-tensor current scaling: E4M3 forward, E5M2 gradients (the "hybrid" format).
 
@@ -209,6 +215,7 @@ def nvfp4_rl() -> GemmRecipe:
 _REGISTRY: dict[str, Callable[[], GemmRecipe]] = {
     "fp32": fp32,
     "bf16": bf16,
+    "fp16": fp16,
     "fp8": fp8,
     "mxfp8": mxfp8,
     "mxfp4": mxfp4,
