@@ -1,0 +1,165 @@
+"""Plumbing shared by the RL trainers: key streams, rule lists, nnx models as pure functions.
+
+A trainer builds its model inside `train(keys)` (so seeds can be a vmapped axis), puts it under
+fp4lab rules, and splits it into a static graph, the parameters and the mutable rest (the
+quantization stream's call counters):
+
+    graphdef, params, qstate = split(model)
+    out, qstate = apply(graphdef, params, qstate, lambda m: m(x))   # pure
+
+Bit-exact seeds on XLA:CPU: a seed run alone and the same seed inside a vmapped batch agree bit
+for bit only if XLA sums every reduction in the same order in both programs. By default it does
+not (jax 0.10): XLA:CPU's fusion emitters vectorize a reduction to a scalar differently from the
+same reduction done row by row once a seed axis is added (e.g. the bias gradient of a minibatch),
+and it hands some batched reductions to YNNPACK fusions with yet another order. The results then
+differ in the last bit of a few gradients, and training amplifies that. Compiling with
+`EXACT_CPU` (`jax.jit(f, compiler_options=EXACT_CPU)`) makes both programs use XLA's elemental
+emitters, which order a reduction the same way in both: PPO and GRPO are then bit-identical
+alone and vmapped (checked in the tests), at about 25 % more time per step. One more source is
+avoided in the code: XLA's algebraic simplifier turns a division by a broadcast scalar
+(optax.clip_by_global_norm's `g / ||g||`) into a multiplication by the reciprocal in some
+programs and not in others, so the trainers use `clip_by_global_norm` below, one multiplication.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from fp4lab import recipes as R
+from fp4lab.inject import Rule
+
+__all__ = [
+    "Keys",
+    "as_keys",
+    "build_rules",
+    "check_recipe",
+    "check_rules",
+    "split",
+    "apply",
+    "EXACT_CPU",
+    "clip_by_global_norm",
+    "global_norm",
+]
+
+# XLA:CPU compiler options under which a reduction's summation order does not depend on whether
+# a seed axis was vmapped in: elemental emitters instead of the fusion emitters, no YNNPACK fusions.
+EXACT_CPU = {"xla_cpu_use_fusion_emitters": False, "xla_cpu_experimental_ynn_fusion_type": ""}
+
+_SPECS = tuple(f"{g}_{o}" for g in R.GEMMS for o in R.OPERANDS[g])
+
+
+class Keys(NamedTuple):
+    """The independent random streams of one run (a seed)."""
+
+    init: jax.Array  # parameter initialization
+    data: jax.Array  # environments / prompts, action and token sampling, minibatch order
+    quant: jax.Array  # stochastic rounding and random Hadamard signs (fp4lab.inject)
+
+
+def as_keys(key_or_keys: jax.Array | Keys) -> Keys:
+    """Keys as given, or three independent streams split from one PRNG key."""
+    if isinstance(key_or_keys, Keys):
+        return key_or_keys
+    init, data, quant = jax.random.split(key_or_keys, 3)
+    return Keys(init, data, quant)
+
+
+def check_recipe(owner: str, field: str, value: Any) -> None:
+    """Raises a ValueError naming `owner.field` unless `value` is a recipe name, a GemmRecipe
+    or None."""
+    if value is None or isinstance(value, R.GemmRecipe):
+        return
+    if not isinstance(value, str) or value not in R.names():
+        raise ValueError(
+            f"{owner}.{field}={value!r}; allowed: a GemmRecipe, None or one of "
+            f"{', '.join(R.names())}"
+        )
+
+
+def check_rules(owner: str, field: str, value: Any) -> None:
+    """Raises a ValueError naming `owner.field` unless `value` is a tuple of fl.Rule."""
+    if not isinstance(value, tuple) or not all(isinstance(r, Rule) for r in value):
+        raise ValueError(f"{owner}.{field}={value!r}; allowed: a tuple of fp4lab.Rule")
+
+
+def _padded(recipe: R.GemmRecipe | None) -> R.GemmRecipe | None:
+    if recipe is None:
+        return None
+    specs = {f: getattr(recipe, f) for f in _SPECS if getattr(recipe, f) is not None}
+    return recipe.replace(**{f: s.replace(pad=True) for f, s in specs.items()})
+
+
+def build_rules(
+    recipe: R.GemmRecipe | str | None,
+    rules: tuple[Rule, ...] = (),
+    *,
+    backward: str | None = None,
+    pad: bool = False,
+) -> list[Rule]:
+    """The rule list `[*rules, Rule(".*", recipe)]` with recipes resolved.
+
+    Args:
+      recipe: the catch-all recipe (name, GemmRecipe or None = high precision).
+      rules: exceptions tried first; first match wins.
+      backward: if given, every recipe's backward mode is replaced by it.
+      pad: zero-pad dimensions the block tiles do not divide (QuantSpec.pad) instead of raising;
+        small RL networks have them (4 observations, 2 actions).
+    """
+    out = []
+    for rule in (*rules, Rule(r".*", recipe)):
+        r = R.get(rule.recipe)
+        if r is not None and backward is not None:
+            r = r.replace(backward=backward)
+        if r is not None and pad:
+            r = _padded(r)
+        out.append(dataclasses.replace(rule, recipe=r))
+    return out
+
+
+def split(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """(graphdef, params, qstate): the static graph, the nnx.Param leaves and everything else
+    (the quantization stream's base keys and call counters)."""
+    return nnx.split(model, nnx.Param, ...)
+
+
+def apply(
+    graphdef: nnx.GraphDef, params: nnx.State, qstate: nnx.State, fn: Callable[[nnx.Module], Any]
+) -> tuple[Any, nnx.State]:
+    """`fn(model)` on the model rebuilt from its states, and the updated qstate (pure)."""
+    model = nnx.merge(graphdef, params, qstate, copy=True)
+    out = fn(model)
+    return out, nnx.state(model, nnx.Not(nnx.Param))
+
+
+def global_norm(tree) -> jax.Array:
+    """sqrt(sum of squares) over all leaves of a pytree."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """Scales updates by min(1, max_norm / ||g||) (optax.clip_by_global_norm up to rounding).
+
+    Written as one multiplication by a scalar so that XLA compiles it the same way with or
+    without a vmapped seed axis: XLA's algebraic simplifier turns optax's `g / ||g||` (a
+    division by a broadcast scalar) into a multiplication by the reciprocal in some programs and
+    not in others, which changes the last bit.
+    """
+
+    def init(params):
+        del params
+        return optax.EmptyState()
+
+    def update(updates, state, params=None):
+        del params
+        norm = global_norm(updates)
+        scale = jnp.minimum(1.0, max_norm / norm)  # 1 where the norm is 0 (max_norm / 0 = inf)
+        return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(init, update)
