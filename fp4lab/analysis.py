@@ -30,6 +30,8 @@ SEEDS = ("seed_init", "seed_data", "seed_quant")
 IDENTITY = ("run_id", "experiment", "cell", "status")
 SUMMARIES = (
     "final_loss",
+    "final_train_loss",
+    "eval_loss",
     "loss_floor",
     "loss_gap",
     "diverged",
@@ -39,6 +41,7 @@ SUMMARIES = (
     "target_loss",
     "tokens_per_step",
     "wall_s",
+    "compile_s",
 )
 QUANT_STATS = ("rel_err", "bias", "flush", "saturated", "underflow", "map4")
 GRAD_STATS = ("cos", "rel_norm", "gnr", "below_sqrt3")

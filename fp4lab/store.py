@@ -177,7 +177,11 @@ def _read_record(f: Path) -> dict[str, Any] | None:
     except (ValueError, KeyError, AttributeError, TypeError):
         ok = False
     if not ok:
-        warnings.warn(f"{f}: corrupt or partial run record; the run will be redone", CorruptRecord)
+        warnings.warn(
+            f"{f}: corrupt or partial run record; the run will be redone",
+            CorruptRecord,
+            stacklevel=3,
+        )
         return None
     return body
 
@@ -223,12 +227,19 @@ def load(path: str | os.PathLike) -> Results:
         rows.append(row)
         parts.extend(_metric_frames(r))
     runs = pd.DataFrame(rows)
+    manifest = store.experiment()
+    if manifest and len(runs):  # cells in the order the experiment adds them
+        order = {c["label"]: i for i, c in enumerate(manifest.get("cells", []))}
+        key = runs["cell"].map(lambda c: order.get(c, len(order)))
+        seeds = ["seed_init", "seed_data", "seed_quant"]
+        runs = runs.assign(_o=key).sort_values(["_o", *seeds], kind="stable").drop(columns="_o")
+        runs = runs.reset_index(drop=True)
     if parts:
         metrics = pd.concat(parts, ignore_index=True)
     else:
         metrics = pd.DataFrame({"run_id": [], "step": [], "metric": [], "value": []})
     metrics = metrics.astype({"run_id": str, "step": np.int64, "metric": str, "value": np.float64})
-    return Results(store.path, runs, metrics, store.experiment())
+    return Results(store.path, runs, metrics, manifest)
 
 
 def _metric_frames(r: dict[str, Any]) -> list[pd.DataFrame]:

@@ -52,6 +52,9 @@ __all__ = [
     "make_keys",
     "make_optimizer",
     "make_train",
+    "init_model",
+    "train_batch",
+    "eval_batch",
     "phase_rules",
     "log_steps",
     "summarize",
@@ -214,6 +217,25 @@ def log_steps(cfg: Config) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
+# Streams: what each key feeds.
+
+
+def init_model(task: Task, keys) -> nnx.Module:
+    """The model at its initial parameters: the `init` stream only."""
+    return task.model(nnx.Rngs(params=keys["init"]))
+
+
+def train_batch(task: Task, keys, t) -> Any:
+    """The batch of step t: the `data` stream only."""
+    return task.batch(jax.random.fold_in(jax.random.split(keys["data"])[0], t))
+
+
+def eval_batch(task: Task, keys, i) -> Any:
+    """Held-out batch i (disjoint from the training draws): the `data` stream only."""
+    return task.batch(jax.random.fold_in(jax.random.split(keys["data"])[1], i))
+
+
+# ---------------------------------------------------------------------------------------------
 # The trainer.
 
 
@@ -241,9 +263,9 @@ def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any
         loss = task.loss(model, batch)
         return loss * scale, loss
 
-    def step(carry: Carry, t, graphdef, rest, data_key, measure: bool):
+    def step(carry: Carry, t, graphdef, rest, keys, measure: bool):
         model = nnx.merge(graphdef, carry.params, rest)
-        batch = task.batch(jax.random.fold_in(data_key, t))
+        batch = train_batch(task, keys, t)
         scale = carry.scale if scaled else jnp.float32(1.0)
         metrics = {}
         if measure:
@@ -260,7 +282,7 @@ def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any
             exact = T.exact_grads(lambda m, b: task.loss(m, b), model, batch)
             metrics |= T.shadow_metrics(grads, exact)
         new_rest = nnx.state(model, nnx.Not(nnx.Param))
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
         updates, opt_state = tx.update(grads, carry.opt_state, carry.params)
         params = optax.apply_updates(carry.params, updates)
@@ -300,7 +322,7 @@ def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any
         return new, new_rest, out, metrics
 
     def run_phase(carry, p, start, stop, rules, keys):
-        model = task.model(nnx.Rngs(params=keys["init"]))
+        model = init_model(task, keys)
         quantize_model(
             model,
             rules,
@@ -312,16 +334,15 @@ def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any
         graph_on = None
         if every:
             graph_on = nnx.split(T.set_enabled(model, True), nnx.Param, ...)[0]
-        data_key = jax.random.split(keys["data"])[0]
 
         def plain(state, t):
             carry, rest = state
-            carry, rest, out, _ = step(carry, t, graph_off, rest, data_key, False)
+            carry, rest, out, _ = step(carry, t, graph_off, rest, keys, False)
             return (carry, rest), out
 
         def measured(state, t):
             carry, rest = state
-            carry, rest, out, metrics = step(carry, t, graph_on, rest, data_key, True)
+            carry, rest, out, metrics = step(carry, t, graph_on, rest, keys, True)
             return (carry, rest), (out, metrics)
 
         def chunk(state, t0):  # one measured step, then every - 1 plain ones
@@ -359,14 +380,13 @@ def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any
         return state[0], outs, metrics
 
     def evaluate(params, rules, keys):
-        model = task.model(nnx.Rngs(params=keys["init"]))
+        model = init_model(task, keys)
         quantize_model(model, rules, key=jax.random.fold_in(keys["quant"], len(phases)))
         graphdef, _, rest = nnx.split(model, nnx.Param, ...)
-        eval_key = jax.random.split(keys["data"])[1]
 
         def one(rest, i):
             m = nnx.merge(graphdef, params, rest)
-            loss = task.loss(m, task.batch(jax.random.fold_in(eval_key, i)))
+            loss = task.loss(m, eval_batch(task, keys, i))
             return nnx.state(m, nnx.Not(nnx.Param)), loss
 
         return jax.lax.scan(one, rest, jnp.arange(cfg.eval_batches))[1].mean()
@@ -375,7 +395,7 @@ def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any
         missing = set(STREAMS) - set(keys)
         if missing:
             raise ValueError(f"train(keys): missing streams {sorted(missing)}; need {STREAMS}")
-        params = nnx.state(task.model(nnx.Rngs(params=keys["init"])), nnx.Param)
+        params = nnx.state(init_model(task, keys), nnx.Param)
         carry = Carry(
             params=params,
             opt_state=tx.init(params),
