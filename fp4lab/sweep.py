@@ -169,7 +169,7 @@ def load_experiment(
             if steps is not None:
                 overrides.pop("steps", None)
             cfg = C.make(overrides, base)
-            chosen = forced_seeds or seeds or default_seeds
+            chosen = next(s for s in (forced_seeds, seeds, default_seeds) if s is not None)
             triples = seed_triples(chosen)
         except (C.ConfigError, ExperimentError) as e:
             raise ExperimentError(f"{where}: cell {_label(overrides)}: {e}") from e
