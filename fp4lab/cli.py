@@ -60,7 +60,16 @@ def _run(args) -> int:
         f"{exp.name}: {counts['done']} runs done, {counts['skipped']} already finished, "
         f"{counts['failed']} failed -> {out}"
     )
-    _print_summary(store.load(out), exp.name)
+    results = store.load(out)
+    _print_summary(results, exp.name)
+    if not args.no_figures and not results.runs.empty:
+        from fp4lab import plots
+
+        written = plots.standard_figures(results, out / "figures")
+        heat = [p for p in written if p.name.startswith("heatmap_rel_err")]
+        print(
+            f"\n{len(written)} figures in {out / 'figures'}" + (f", e.g. {heat[0]}" if heat else "")
+        )
     return 1 if counts["failed"] else 0
 
 
@@ -148,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--address", help="ray: the cluster to join (default: start one here)")
     run.add_argument("--workers", type=int, default=1, help="local: processes computing cells")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--no-figures", action="store_true", help="do not write the figures")
     run.set_defaults(func=_run)
 
     for name, fn, text in (

@@ -1,0 +1,91 @@
+"""Seeds batched with jax.vmap against the same seeds one after another, in one process.
+
+One small cell of a sweep (`--cell mlp`: teacher-student regression with an MLP; `--cell lm`:
+the Llama-style LM on the Markov language), `--steps` optimizer steps, is run for 8 seeds two
+ways, through the sweep's own `compute_cell`:
+
+  vmapped      seed_batch=8: one compiled call trains all 8 seeds
+  sequential   seed_batch=1: the same compiled single-seed call, 8 times
+
+Both are compiled first (compile seconds reported separately); then the two are timed in
+interleaved rounds, and the table gives the median seconds per round and seeds per second.
+Goal: vmapped throughput >= 4x sequential. On a CPU, vmap pays off where each seed's work is
+too small to fill the cores (per-op overhead dominates); an LM whose matmuls already fill them
+gains little, which `--cell lm` shows.
+
+    python benchmarks/sweep.py                 # mlp cell, recipe bf16, 100 steps, 5 rounds
+    python benchmarks/sweep.py --cell lm
+    python benchmarks/sweep.py --recipe nvfp4 --rounds 3
+    python benchmarks/sweep.py --quick         # a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from fp4lab import sweep  # noqa: E402
+from fp4lab.config import Config  # noqa: E402
+
+GOAL = 4.0
+SEEDS = [(i, i, i) for i in range(8)]
+CELLS = {
+    "mlp": "teacher-student MLP 32-64-64-32, batch 32",
+    "lm": "Llama-style LM d_model 64, 2 layers, seq 32, batch 16, Markov language",
+}
+MLP = dict(task="teacher", din=32, dout=32, teacher_hidden=(64,), hidden=(64, 64), batch_size=32)
+LM = dict(vocab=64, d_model=64, n_heads=4, n_layers=2, d_ff=128, seq_len=32, batch_size=16)
+
+
+def compile_seconds(cfg: Config) -> float:
+    """Seconds of the first compute_cell call (trace + compile + one call)."""
+    sweep._COMPILED.pop(cfg, None)
+    t0 = time.perf_counter()
+    sweep.compute_cell(cfg.to_dict(), SEEDS[: cfg.seed_batch])
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--recipe", default="bf16")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--cell", choices=("mlp", "lm"), default="mlp")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    steps, rounds = (10, 2) if args.quick else (args.steps, args.rounds)
+    if args.cell == "lm":
+        base = Config(recipe=args.recipe, steps=steps, eval_batches=2, **LM)
+    else:
+        base = Config(recipe=args.recipe, steps=steps, eval_batches=2, **MLP)
+    cells = {"vmapped": base.replace(seed_batch=8), "sequential": base.replace(seed_batch=1)}
+    first = {name: compile_seconds(cfg) for name, cfg in cells.items()}
+    times = {name: [] for name in cells}
+    for _ in range(rounds):
+        for name, cfg in cells.items():
+            times[name].append(timed_run(cfg))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    print(
+        f"8 seeds of one cell: {args.recipe}, {CELLS[args.cell]}, {steps} steps; "
+        f"median of {rounds} interleaved rounds"
+    )
+    print(f"{'':12s} {'first call s':>12s} {'median s':>10s} {'seeds/s':>9s}")
+    for name in cells:
+        print(f"{name:12s} {first[name]:12.1f} {med[name]:10.2f} {8 / med[name]:9.2f}")
+    ratio = med["sequential"] / med["vmapped"]
+    verdict = "met" if ratio >= GOAL else "NOT met"
+    print(f"vmapped throughput: {ratio:.2f}x sequential (goal >= {GOAL:.0f}x): {verdict}")
+
+
+def timed_run(cfg: Config) -> float:
+    t0 = time.perf_counter()
+    sweep.compute_cell(cfg.to_dict(), SEEDS)
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    main()
