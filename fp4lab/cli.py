@@ -1,7 +1,8 @@
 """The `fp4lab` command.
 
 fp4lab run EXPERIMENT [--out DIR] [--seeds N] [--steps N] [--dry-run] [--workers N]
-                      [--executor local|ray] [--address ADDR]
+                      [--executor local|ray] [--address ADDR] [--ray-cpus N] [--ray-gpus N]
+                      [--max-retries N]
 fp4lab ls RESULTS          runs per cell (done, failed, missing)
 fp4lab show RESULTS        the summary table: loss gap with a seed interval, divergences,
                            tokens to target
@@ -40,6 +41,10 @@ def _load_experiment(args):
 def _run(args) -> int:
     from fp4lab import store, sweep
 
+    if args.executor == "ray" and not args.dry_run:
+        from fp4lab import ray_executor
+
+        ray_executor.import_ray()  # a missing Ray is reported before anything runs
     exp = _load_experiment(args)
     out = Path(args.out) if args.out else Path("results") / exp.name
     if args.dry_run:
@@ -52,7 +57,14 @@ def _run(args) -> int:
                 f"  {cell.label}  seeds(init/data/quant) {seeds}  [{done}/{len(cell.seeds)} done]"
             )
         return 0
-    options = {"address": args.address} if args.executor == "ray" else {}
+    options = {}
+    if args.executor == "ray":
+        options = {
+            "address": args.address,
+            "num_cpus": args.ray_cpus,
+            "num_gpus": args.ray_gpus,
+            "max_retries": args.max_retries,
+        }
     counts = sweep.run_experiment(
         exp, out, executor=args.executor, workers=args.workers, progress=not args.quiet, **options
     )
@@ -154,7 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--steps", type=int, help="override the number of steps of every cell")
     run.add_argument("--dry-run", action="store_true", help="list the cells and stop")
     run.add_argument("--executor", choices=("local", "ray"), default="local")
-    run.add_argument("--address", help="ray: the cluster to join (default: start one here)")
+    run.add_argument(
+        "--address", help="ray: the cluster to join (default: RAY_ADDRESS, else start one here)"
+    )
+    run.add_argument("--ray-cpus", type=float, default=1, help="ray: CPUs per cell (default 1)")
+    run.add_argument("--ray-gpus", type=float, default=0, help="ray: GPUs per cell (default 0)")
+    run.add_argument(
+        "--max-retries", type=int, default=3, help="ray: reruns of a cell whose worker died (3)"
+    )
     run.add_argument("--workers", type=int, default=1, help="local: processes computing cells")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--no-figures", action="store_true", help="do not write the figures")
@@ -176,11 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         return _formats(args)
     from fp4lab.config import ConfigError
+    from fp4lab.ray_executor import RayNotInstalled
     from fp4lab.sweep import ExperimentError
 
     try:
         return args.func(args)
-    except (ExperimentError, ConfigError, FileNotFoundError) as e:
+    except (ExperimentError, ConfigError, FileNotFoundError, RayNotInstalled) as e:
         print(f"fp4lab {args.command}: error: {e}", file=sys.stderr)
         return 2
 
