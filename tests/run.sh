@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 "$PY" -m ruff format --check fp4lab tests benchmarks experiments || exit 1
 "$PY" -m ruff check fp4lab tests benchmarks experiments || exit 1
-"$PY" -m pytest -n 2 "$@"
+"$PY" -m pytest -n 2 --dist loadfile "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi
 [ "$rc" -eq 0 ] || exit "$rc"
