@@ -322,9 +322,9 @@ def default_baseline(runs: pd.DataFrame) -> tuple[dict | None, list[str]]:
     """The baseline and matching columns that the standard figures and report use.
 
     Baseline: the first recipe of BASELINE_RECIPES present among several recipes (None if
-    none is). Match: the other varying config columns on which the baseline runs themselves
-    vary (a baseline swept over lr is compared lr by lr; one run at a single setting is the
-    baseline for all).
+    none is), without per-GEMM or backward overrides where some of its runs have them. Match:
+    the other varying config columns on which the baseline runs themselves vary (a baseline
+    swept over lr is compared lr by lr; one run at a single setting is the baseline for all).
     Returns:
       (baseline, match), ready for `tokens_to_target(runs, baseline=..., match=...)`.
     """
@@ -332,9 +332,19 @@ def default_baseline(runs: pd.DataFrame) -> tuple[dict | None, list[str]]:
     found = next((r for r in BASELINE_RECIPES if r in recipes), None)
     if found is None or len(recipes) < 2:
         return None, []
+    baseline = {"recipe": found}
     base = runs[runs["recipe"] == found]
-    match = [c for c in design_factors(runs) if c != "recipe" and base[c].astype(str).nunique() > 1]
-    return {"recipe": found}, match
+    # the plain recipe, where some runs of it also carry per-GEMM or backward overrides
+    plain = {c: v for c, v in (("gemms", "[]"), ("backward", "")) if c in runs.columns}
+    pure = base
+    for c, v in plain.items():
+        pure = pure[pure[c].astype(str) == v]
+    if 0 < len(pure) < len(base):
+        baseline, base = baseline | plain, pure
+    match = [
+        c for c in design_factors(runs) if c not in baseline and base[c].astype(str).nunique() > 1
+    ]
+    return baseline, match
 
 
 # ---------------------------------------------------------------------------------------------

@@ -172,6 +172,30 @@ def mxfp4_h32() -> GemmRecipe:
     return _with_hadamard(mxfp4(), Hadamard(32, "none"), "mxfp4-h32")
 
 
+def mxfp4_sr() -> GemmRecipe:
+    """MXFP4 on all three GEMMs with stochastic rounding of the elements (Cim et al. 2026 ablation).
+
+    Source: Cim et al. 2026 (arXiv 2605.09825), Table 1: with Fprop, Dgrad and Wgrad in MXFP4,
+    stochastic rounding does not converge. The secondary transcriptions do not say which operands
+    were rounded stochastically; here all six are (tiles and scales as in `mxfp4`).
+    """
+    r = mxfp4()
+    specs = {k: getattr(r, k) for k in _all(None)}
+    return r.replace(
+        **{k: s.replace(rounding="stochastic") for k, s in specs.items()}, name="mxfp4-sr"
+    )
+
+
+def mxfp4_h16_rs() -> GemmRecipe:
+    """MXFP4 with a random-sign 16x16 Hadamard on both operands of all three GEMMs.
+
+    Source: Cim et al. 2026 (arXiv 2605.09825), Table 1: the randomized Hadamard (sign flips
+    drawn at random) does not converge, unlike the deterministic one (`mxfp4-h16`). Signs are
+    drawn from the quantization stream, fresh per layer, GEMM and step.
+    """
+    return _with_hadamard(mxfp4(), Hadamard(16, "random"), "mxfp4-h16-rs")
+
+
 def nvfp4() -> GemmRecipe:
     """NVIDIA's NVFP4 pretraining recipe.
 
@@ -221,6 +245,8 @@ _REGISTRY: dict[str, Callable[[], GemmRecipe]] = {
     "mxfp4": mxfp4,
     "mxfp4-h16": mxfp4_h16,
     "mxfp4-h32": mxfp4_h32,
+    "mxfp4-sr": mxfp4_sr,
+    "mxfp4-h16-rs": mxfp4_h16_rs,
     "nvfp4": nvfp4,
     "nvfp4-rl": nvfp4_rl,
 }
