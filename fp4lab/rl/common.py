@@ -24,7 +24,7 @@ programs and not in others, so the trainers use `clip_by_global_norm` below, one
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -63,10 +63,13 @@ class Keys(NamedTuple):
     quant: jax.Array  # stochastic rounding and random Hadamard signs (fp4lab.inject)
 
 
-def as_keys(key_or_keys: jax.Array | Keys) -> Keys:
-    """Keys as given, or three independent streams split from one PRNG key."""
+def as_keys(key_or_keys: jax.Array | Keys | Mapping[str, jax.Array]) -> Keys:
+    """Keys as given (also a {"init", "data", "quant"} dict, as fp4lab.train.make_keys makes),
+    or three independent streams split from one PRNG key."""
     if isinstance(key_or_keys, Keys):
         return key_or_keys
+    if isinstance(key_or_keys, Mapping):
+        return Keys(*(key_or_keys[name] for name in Keys._fields))
     init, data, quant = jax.random.split(key_or_keys, 3)
     return Keys(init, data, quant)
 
@@ -139,8 +142,10 @@ def apply(
 
 
 def global_norm(tree) -> jax.Array:
-    """sqrt(sum of squares) over all leaves of a pytree."""
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+    """sqrt(sum of squares) over all leaves of a pytree. Each leaf is flattened first: XLA:CPU
+    may emit a multi-axis reduction of a vmapped leaf (a LinearGeneral kernel) with its axes in
+    another order, i.e. another summation order; a flat reduction is summed the same way."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.reshape(-1))) for x in jax.tree.leaves(tree)))
 
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:

@@ -58,6 +58,7 @@ __all__ = [
     "make_prompts",
     "targets",
     "group_advantages",
+    "grad_spike",
     "mismatch_metrics",
     "token_logprobs",
     "batch_invariance_gap",
@@ -179,6 +180,13 @@ class GRPOResult(NamedTuple):
     warmup: dict[str, jax.Array]  # per warm-start step
 
 
+def _mean(x: jax.Array) -> jax.Array:
+    """Mean over all elements of a flattened x. (A multi-axis reduction of a vmapped array may
+    be emitted with its axes in another order on XLA:CPU, summing in another order; a flat one
+    is summed the same way alone and vmapped.)"""
+    return jnp.mean(x.reshape(-1))
+
+
 # --- the task ------------------------------------------------------------------------------
 
 
@@ -223,10 +231,31 @@ def mismatch_metrics(
     p_s = jnp.exp(logp_s_BxAxV)
     kl_BxA = jnp.sum(jnp.where(p_s > 0, p_s * (logp_s_BxAxV - logp_t_BxAxV), 0.0), axis=-1)
     return {
-        "mismatch/abs_logp": delta_BxA.mean(),
+        "mismatch/abs_logp": _mean(delta_BxA),
         "mismatch/max_abs_logp": delta_BxA.max(),
-        "mismatch/kl": kl_BxA.mean(),
+        "mismatch/kl": _mean(kl_BxA),
     }
+
+
+def grad_spike(
+    norms_W: jax.Array, i: jax.Array, norm: jax.Array, factor: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Is step i's gradient norm a spike: norm > factor x median of the last W norms?
+
+    Args:
+      norms_W: ring buffer of the previous W norms (NaN where not filled yet).
+      i: the step; its norm goes to slot i mod W.
+      norm: this step's gradient norm.
+      factor: the spike threshold (5 in the brief's convention).
+    Returns:
+      (spike, median of the previous norms (NaN at the first step: no spike), updated buffer).
+    """
+    sorted_W = jnp.sort(norms_W)  # NaN (unfilled) last
+    n = jnp.sum(jnp.isfinite(norms_W))
+    # (not jnp.nanmedian: its interpolation compiles differently alone and vmapped on XLA:CPU)
+    median = 0.5 * (sorted_W[jnp.maximum(n - 1, 0) // 2] + sorted_W[n // 2])
+    spike = norm > factor * median
+    return spike, median, norms_W.at[i % norms_W.shape[0]].set(norm)
 
 
 # --- log-probs and batch invariance --------------------------------------------------------
@@ -303,7 +332,7 @@ def make_train(config: GRPOConfig):
             answers_BxA = tokens_BxS[:, L + 1 :]
             logp_BxA = jnp.take_along_axis(logp_BxAxV, answers_BxA[..., None], axis=-1)[..., 0]
             correct = jnp.argmax(logp_BxAxV, axis=-1) == answers_BxA
-            return -logp_BxA.mean(), (qstate, correct.mean())
+            return -_mean(logp_BxA), (qstate, _mean(correct))
 
         def warm_step(carry, key):
             params, opt_state, qstate = carry
@@ -354,7 +383,7 @@ def make_train(config: GRPOConfig):
             loss = rlax.clipped_surrogate_pg_loss(
                 ratio_BxA.reshape(-1), adv_BxA.reshape(-1), config.clip_eps
             )
-            entropy = -jnp.sum(jnp.exp(logp_BxAxV) * logp_BxAxV, axis=-1).mean()
+            entropy = -_mean(jnp.sum(jnp.exp(logp_BxAxV) * logp_BxAxV, axis=-1))
             return loss, (qstate, entropy)
 
         def update(carry, key):
@@ -382,9 +411,7 @@ def make_train(config: GRPOConfig):
                 params, qstate_t, tokens_BxS, logp_old_BxA, adv_BxA
             )
             norm = C.global_norm(grads)
-            median = jnp.nanmedian(norms_W)  # NaN (no spike) before the first update
-            spike = norm > config.spike_factor * median
-            norms_W = norms_W.at[i % config.spike_window].set(norm)
+            spike, median, norms_W = grad_spike(norms_W, i, norm, config.spike_factor)
             updates, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
             metrics = {
@@ -395,10 +422,10 @@ def make_train(config: GRPOConfig):
                 "grad/norm": norm,
                 "grad/median": median,
                 "grad/spike": spike,
-                "is/ratio_mean": is_BxA.mean(),
+                "is/ratio_mean": _mean(is_BxA),
                 "is/ratio_max": is_BxA.max(),
-                "tis/weight_mean": w_BxA.mean(),
-                "tis/truncated": jnp.mean(w_BxA < is_BxA) if config.tis_cap else 0.0,
+                "tis/weight_mean": _mean(w_BxA),
+                "tis/truncated": _mean(w_BxA < is_BxA) if config.tis_cap else 0.0,
             } | mismatch_metrics(logp_s_BxAxV, logp_t_BxAxV, answers_BxA)
             return (params, opt_state, qstate_s, qstate_t, norms_W, i + 1), metrics
 
