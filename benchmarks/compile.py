@@ -1,0 +1,174 @@
+"""XLA compile time and size of the quantizer, the quantized GEMM and a training step.
+
+Compiles each case from scratch (`jax.jit(f).lower(*args).compile()` on a fresh function
+object after `jax.clear_caches()`) and prints a markdown table of the median trace + lower
+seconds, the median compile seconds and the line count of the optimized HLO:
+
+  qdq <spec>          jitted `quantize_dequantize(x, spec)` on a 256x256 float32 array: nvfp4
+                      1x16, nvfp4 16x16, nvfp4 with stochastic rounding (threefry bits from a
+                      key argument), mxfp4, nvfp4 four-over-six (mae)
+  qdot <recipe>       `jax.grad` (fwd + bwd) of one 256x64 @ 64x64 `qdot_general` under the
+                      recipe, with the loss summing the output; "+telemetry" passes a probe
+                      (as fp4lab.inject does) and returns the forward and backward statistics
+  step <recipe>       one training step (fwd + bwd + adam) of the tiny Llama-style LM of
+                      benchmarks/step.py --quick (2 blocks, 14 quantized linears, lm_head in
+                      high precision), "+telemetry" with fp4lab.telemetry.value_and_grad
+
+Compile time depends on the machine and its load; compare rows measured in one run, or runs on
+the same idle machine.
+
+    python benchmarks/compile.py               # all rows, median of 3 compiles each
+    python benchmarks/compile.py --no-step     # the quantizer and qdot rows only (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+import fp4lab as fl
+from fp4lab import inject
+from fp4lab import telemetry as T
+from fp4lab.models.transformer import Transformer, TransformerConfig
+from fp4lab.qdot import qdot_general
+from fp4lab.quantize import quantize_dequantize
+
+DN = (((1,), (0,)), ((), ()))  # (M, K) @ (K, N)
+
+
+def qdq_case(spec, stochastic: bool = False):
+    """(function factory, args): a fresh jittable quantize_dequantize per call."""
+    x = jax.random.normal(jax.random.key(0), (256, 256), jnp.float32)
+    if stochastic:
+        return (lambda: lambda x, k: quantize_dequantize(x, spec, key=k)), (x, jax.random.key(1))
+    return (lambda: lambda x: quantize_dequantize(x, spec)), (x,)
+
+
+def qdot_case(recipe: str, telemetry: bool):
+    """(function factory, args): grads of sum(qdot_general(x, w)) (and the statistics)."""
+    x = jax.random.normal(jax.random.key(0), (256, 64), jnp.float32)
+    w = jax.random.normal(jax.random.key(1), (64, 64), jnp.float32) * 0.1
+    key = jax.random.key(2)
+    if not telemetry:
+
+        def make():
+            def loss(x, w, key):
+                return jnp.sum(qdot_general(x, w, DN, recipe, key=key))
+
+            return jax.grad(loss, argnums=(0, 1))
+
+        return make, (x, w, key)
+    probe = jnp.zeros((len(T.BWD_OPERANDS), len(T.STATS)), jnp.float32)
+
+    def make():
+        def loss(x, w, probe, key):
+            y, fstats = qdot_general(x, w, DN, recipe, key=key, probe=probe)
+            return jnp.sum(y), fstats
+
+        return jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+
+    return make, (x, w, probe, key)
+
+
+def step_case(recipe: str, telemetry: bool):
+    """(function factory, args): one pure training step of the tiny LM on (state, tokens)."""
+    cfg = TransformerConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=32)
+    tokens = jax.random.randint(jax.random.key(1), (4, 33), 0, cfg.vocab)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    if recipe is not None:
+        rules = [inject.Rule(r".*lm_head.*", None), inject.Rule(r".*", recipe)]
+        inject.quantize_model(model, rules, key=jax.random.key(0), telemetry=telemetry)
+    opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    graphdef, state = nnx.split((model, opt))
+
+    def loss_fn(model, tokens):
+        logits = model(tokens[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    def make():
+        def step(state, tokens):
+            model, opt = nnx.merge(graphdef, state)
+            if telemetry:
+                loss, grads, metrics = T.value_and_grad(loss_fn)(model, tokens)
+            else:
+                (loss, grads), metrics = nnx.value_and_grad(loss_fn)(model, tokens), {}
+            opt.update(model, grads)
+            return loss, metrics, nnx.state((model, opt))
+
+        return step
+
+    return make, (state, tokens)
+
+
+def cases(with_step: bool) -> dict:
+    nv = fl.nvfp4()
+    rows = {
+        "qdq nvfp4 1x16": qdq_case(nv),
+        "qdq nvfp4 16x16": qdq_case(fl.nvfp4(tile=(16, 16))),
+        "qdq nvfp4 stochastic": qdq_case(nv.replace(rounding="stochastic"), stochastic=True),
+        "qdq mxfp4": qdq_case(fl.mxfp4()),
+        "qdq nvfp4 four-over-six": qdq_case(fl.nvfp4(four_over_six="mae")),
+    }
+    for recipe in ("nvfp4", "mxfp4", "bf16"):
+        rows[f"qdot {recipe}"] = qdot_case(recipe, False)
+        rows[f"qdot {recipe} +telemetry"] = qdot_case(recipe, True)
+    if with_step:
+        rows["step bf16"] = step_case("bf16", False)
+        rows["step nvfp4"] = step_case("nvfp4", False)
+        rows["step nvfp4 +telemetry"] = step_case("nvfp4", True)
+    return rows
+
+
+def measure(make, args, reps: int) -> tuple[float, float, int]:
+    """(median lower seconds, median compile seconds, optimized HLO lines), fresh each time."""
+    lower, compile_, lines = [], [], 0
+    for _ in range(reps):
+        jax.clear_caches()
+        f = jax.jit(make())  # a new function object: nothing cached from the last round
+        t0 = time.perf_counter()
+        lowered = f.lower(*args)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        lower.append(t1 - t0)
+        compile_.append(t2 - t1)
+        lines = len(compiled.as_text().splitlines())
+    return statistics.median(lower), statistics.median(compile_), lines
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=3, help="fresh compiles per row (median)")
+    p.add_argument("--no-step", action="store_true", help="skip the training-step rows")
+    p.add_argument("--only", default=None, help="only rows whose name contains this")
+    args = p.parse_args(argv)
+
+    rows = cases(not args.no_step)
+    if args.only:
+        rows = {k: v for k, v in rows.items() if args.only in k}
+    dev = jax.devices()[0]
+    print(
+        f"compile from scratch on {dev.platform} ({dev.device_kind}), {os.cpu_count()} CPUs, "
+        f"jax {jax.__version__}; median of {args.reps} compiles"
+    )
+    print()
+    print("| case | trace + lower s | compile s | optimized HLO lines |")
+    print("|---|---:|---:|---:|")
+    for name, (make, xs) in rows.items():
+        lo, co, n = measure(make, xs, args.reps)
+        print(f"| {name} | {lo:.2f} | {co:.2f} | {n} |", flush=True)
+    if hasattr(os, "getloadavg"):
+        load = os.getloadavg()
+        print()
+        print(f"load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
