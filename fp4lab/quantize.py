@@ -329,6 +329,31 @@ def quantize(
     """
     if not isinstance(spec, QuantSpec):
         raise ValueError(f"quantize needs a QuantSpec, got {type(spec).__name__}")
+    return _quantize(x, spec, key, transform_key, amax)[0]
+
+
+def _quantize(x, spec: QuantSpec, key, transform_key, amax) -> tuple[QTensor, S.Scaled]:
+    """`quantize`, also returning the scale rule's `Scaled` (the telemetry reads its map4)."""
+    x = jnp.asarray(x)
+    xb, scaled, scope, transform_key = _quantize_blocks(x, spec, key, transform_key, amax)
+    fmt = F.get_format(spec.elem)
+    if fmt.kind == "cast":
+        codes = S.unblock(xb).astype(fmt.dtype)
+        q = QTensor(codes, scaled.scale, scaled.outer, transform_key, spec, x.shape, x.dtype)
+        return q, scaled
+    codes = F.encode(S.unblock(scaled.q), fmt)
+    outer = jnp.broadcast_to(scaled.outer, scope.shape) if scope is not None else scaled.outer
+    return QTensor(codes, scaled.scale, outer, transform_key, spec, x.shape, x.dtype), scaled
+
+
+def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
+    """The quantizer without codes: (xb, scaled, scope amax, transform key).
+
+    xb: the prepared (moved, padded, rotated) float32 input in its blocked view; scaled: the
+    element grid values and scales of `scaling`; pass-through casts give the cast values with
+    unit scales. `quantize` encodes the grid values; `quantize_dequantize` and the telemetry
+    use them directly.
+    """
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"quantize needs a floating-point array, got {x.dtype}")
@@ -339,20 +364,34 @@ def quantize(
     if spec.transform is not None:
         xt = T.rotate(xt, spec.transform, transform_key)
     fmt = F.get_format(spec.elem)
-    if fmt.kind == "cast":
-        codes = xt.astype(fmt.dtype)
-        one = jnp.ones((1,) * (xt.ndim + 2), jnp.float32)
-        return QTensor(codes, one, jnp.float32(1.0), transform_key, spec, x.shape, x.dtype)
     xb = S.block_view(xt, _tile(spec, xt.shape))
-    scope = (
-        S.scope_amax(xb, spec.outer)
-        if amax is None or spec.outer == "none"
-        else (_scope_from(amax, xb, spec.outer))
-    )
-    scaled = _scale(xb, scope, spec, fmt, k_round)
-    codes = F.encode(S.unblock(scaled.q), fmt)
-    outer = jnp.broadcast_to(scaled.outer, scope.shape) if scope is not None else scaled.outer
-    return QTensor(codes, scaled.scale, outer, transform_key, spec, x.shape, x.dtype)
+    if fmt.kind == "cast":
+        one = jnp.ones((1,) * (xt.ndim + 2), jnp.float32)
+        q = xb.astype(fmt.dtype).astype(jnp.float32)
+        return xb, S.Scaled(q, one, jnp.float32(1.0)), None, transform_key
+    amax_b = S.block_amax(xb) if spec.block_scale is not None else None
+    if amax is None or spec.outer == "none":
+        scope = S.scope_amax(xb, spec.outer, amax_b)
+    else:
+        scope = _scope_from(amax, xb, spec.outer)
+    return xb, _scale(xb, scope, spec, fmt, k_round, amax_b), scope, transform_key
+
+
+def _grid_values(q: jax.Array, fmt: F.ElementFormat) -> jax.Array:
+    """decode(encode(q)) for element grid values q, computed without the codes.
+
+    Grid values round-trip exactly, except where a format has no code for them: NaN becomes 0
+    in formats without a NaN code (the NaN lives in the block scale), and integers have no -0.
+    """
+    if fmt.kind == "int":
+        return jnp.where(jnp.isnan(q) | (q == 0), jnp.float32(0.0), q)
+    if fmt.kind == "float":
+        if fmt.name in ("e4m3", "e5m2"):  # NaN codes; saturated q holds no infinities
+            return q
+        return jnp.where(jnp.isnan(q), jnp.float32(0.0), q)
+    if fmt.kind == "cast":
+        return q
+    return F.decode(F.encode(q, fmt), fmt)
 
 
 def _scope_from(amax, xb, outer):
@@ -362,7 +401,7 @@ def _scope_from(amax, xb, outer):
     return a.reshape(*xb.shape[:-2], 1, 1)
 
 
-def _scale(xb, scope, spec: QuantSpec, fmt, key) -> S.Scaled:
+def _scale(xb, scope, spec: QuantSpec, fmt, key, amax_b) -> S.Scaled:
     if spec.block_scale == "e4m3":
         if spec.convention == "te":
             return S.nvfp4_te(
@@ -372,21 +411,41 @@ def _scale(xb, scope, spec: QuantSpec, fmt, key) -> S.Scaled:
                 rounding=spec.rounding,
                 key=key,
                 four_over_six=spec.four_over_six,
+                amax_b=amax_b,
             )
         return S.nvfp4_jax(xb, scope, elem=fmt, rounding=spec.rounding, key=key)
     if spec.block_scale == "e8m0":
         return S.mx(
-            xb, elem=fmt, scale_rounding=spec.scale_rounding, rounding=spec.rounding, key=key
+            xb,
+            elem=fmt,
+            scale_rounding=spec.scale_rounding,
+            rounding=spec.rounding,
+            key=key,
+            amax_b=amax_b,
         )
     if spec.block_scale == "fp32":
-        return S.fp32_blocks(xb, elem=fmt, rounding=spec.rounding, key=key)
+        return S.fp32_blocks(xb, elem=fmt, rounding=spec.rounding, key=key, amax_b=amax_b)
     return S.per_scope(xb, scope, elem=fmt, rounding=spec.rounding, key=key)
 
 
 def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rotated=False):
-    """x_hat of `quantize` in one call (no straight-through gradient; see `fake_quant`)."""
-    q = quantize(x, spec, key=key, transform_key=transform_key, amax=amax)
-    return q.dequantize(rotated=rotated)
+    """x_hat of `quantize` in one call (no straight-through gradient; see `fake_quant`).
+
+    The same values as `quantize(...).dequantize(rotated=rotated)`, computed from the element
+    grid values without encoding them to codes and decoding them back.
+    """
+    if not isinstance(spec, QuantSpec):
+        raise ValueError(f"quantize needs a QuantSpec, got {type(spec).__name__}")
+    x = jnp.asarray(x)
+    xb, scaled, scope, transform_key = _quantize_blocks(x, spec, key, transform_key, amax)
+    xhat_b = _dequantize_blocks(scaled, F.get_format(spec.elem), scope)
+    return _restore(S.unblock(xhat_b), spec, x.shape, x.dtype, transform_key, rotated)
+
+
+def _dequantize_blocks(scaled: S.Scaled, fmt: F.ElementFormat, scope) -> jax.Array:
+    """x_hat in the blocked view: grid values * block scale * outer, as `QTensor.dequantize`."""
+    outer = jnp.broadcast_to(scaled.outer, scope.shape) if scope is not None else scaled.outer
+    return _grid_values(scaled.q, fmt) * scaled.scale * outer
 
 
 @jax.custom_jvp

@@ -92,14 +92,22 @@ def block_amax(xb: jax.Array) -> jax.Array:
     return jnp.max(_abs_nan_as_inf(xb), axis=(-3, -1), keepdims=True)
 
 
-def scope_amax(xb: jax.Array, outer: str) -> jax.Array | None:
-    """amax over the outer scope: "tensor" (all elements), "row" (each row), "none" -> None."""
-    a = _abs_nan_as_inf(xb)
+def scope_amax(xb: jax.Array, outer: str, amax_b: jax.Array | None = None) -> jax.Array | None:
+    """amax over the outer scope: "tensor" (all elements), "row" (each row), "none" -> None.
+
+    Given the block amaxes `amax_b` of xb (`block_amax`), reduces those instead of xb: the
+    same value (a max is exact), from a 16x (or 32x) smaller array.
+    """
+    if outer not in ("tensor", "row"):
+        return None
+    if amax_b is None:
+        a = _abs_nan_as_inf(xb)
+        if outer == "tensor":
+            return jnp.max(a, keepdims=True)
+        return jnp.max(a, axis=(-2, -1), keepdims=True)  # rows: (R/ty, ty) with ty == 1
     if outer == "tensor":
-        return jnp.max(a, keepdims=True)
-    if outer == "row":  # rows are (R/ty, ty) pairs; row scope requires ty == 1
-        return jnp.max(a, axis=(-2, -1), keepdims=True)
-    return None
+        return jnp.max(amax_b, keepdims=True)
+    return jnp.max(amax_b, axis=-2, keepdims=True)  # (..., R, 1, K/tx, 1) -> (..., R, 1, 1, 1)
 
 
 def _nan_where_nonfinite(scale: jax.Array, amax: jax.Array) -> jax.Array:
@@ -120,13 +128,14 @@ def _div(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _elements(v: jax.Array, fmt: F.ElementFormat, rounding: str, key) -> jax.Array:
-    m = jnp.float32(fmt.max)
-    return F.round_to_format(jnp.clip(v, -m, m), fmt, rounding=rounding, key=key)
+    """Element grid values of v, clamped to +-max_elem (round_to_format saturates there)."""
+    return F.round_to_format(v, fmt, rounding=rounding, key=key)
 
 
 def _e4m3(v: jax.Array) -> jax.Array:
-    """RNE to E4M3 after clamping to +-448 (ml_dtypes' cast would overflow to NaN)."""
-    return F.round_to_format(jnp.clip(v, -E4M3_MAX, E4M3_MAX), "e4m3")
+    """RNE to E4M3 after clamping to +-448 (round_to_format saturates; ml_dtypes' cast would
+    overflow to NaN)."""
+    return F.round_to_format(v, "e4m3")
 
 
 def _te_global(amax_scope: jax.Array | None, emax: float):
@@ -147,9 +156,13 @@ def nvfp4_te(
     rounding: str = "rne",
     key: jax.Array | None = None,
     four_over_six: str | None = None,
+    amax_b: jax.Array | None = None,
 ) -> Scaled:
-    """Two-level E4M3 block scaling, TransformerEngine convention (see module docstring)."""
-    amax_b = block_amax(xb)
+    """Two-level E4M3 block scaling, TransformerEngine convention (see module docstring).
+
+    amax_b: the block amaxes of xb (`block_amax`), when the caller has them already.
+    """
+    amax_b = block_amax(xb) if amax_b is None else amax_b
     six = jnp.float32(elem.max)
     if four_over_six is not None:
         return _four_over_six_te(xb, amax_b, amax_scope, elem, four_over_six)
@@ -247,9 +260,13 @@ def mx(
     scale_rounding: str = "floor",
     rounding: str = "rne",
     key: jax.Array | None = None,
+    amax_b: jax.Array | None = None,
 ) -> Scaled:
-    """OCP MX block scaling with an E8M0 shared exponent (see module docstring)."""
-    amax_b = block_amax(xb)
+    """OCP MX block scaling with an E8M0 shared exponent (see module docstring).
+
+    amax_b: the block amaxes of xb (`block_amax`), when the caller has them already.
+    """
+    amax_b = block_amax(xb) if amax_b is None else amax_b
     if scale_rounding == "floor":
         e = F._exponent(jnp.where(amax_b > 0, amax_b, 1.0)) - elem.emax
         e = jnp.where(amax_b > 0, jnp.clip(e, -127, 127), -127)
@@ -269,9 +286,11 @@ def mx(
     return Scaled(q, _nan_where_nonfinite(scale, amax_b), jnp.float32(1.0))
 
 
-def fp32_blocks(xb: jax.Array, *, elem: F.ElementFormat, rounding: str = "rne", key=None) -> Scaled:
+def fp32_blocks(
+    xb: jax.Array, *, elem: F.ElementFormat, rounding: str = "rne", key=None, amax_b=None
+) -> Scaled:
     """Block scale in FP32: s_b = amax_b / max_elem (1 for a zero block); q = elem(x / s_b)."""
-    amax_b = block_amax(xb)
+    amax_b = block_amax(xb) if amax_b is None else amax_b
     s_b = _div(amax_b, jnp.float32(elem.max))
     s_b = jnp.where(s_b == 0, jnp.float32(1.0), s_b)
     q = _elements(_div(xb, s_b), elem, rounding, key)

@@ -39,7 +39,7 @@ from flax import nnx
 from fp4lab import formats as F
 from fp4lab import scaling as S
 from fp4lab import transforms as T
-from fp4lab.quantize import QuantSpec, _prepare, quantize
+from fp4lab.quantize import QuantSpec, _prepare, _quantize
 
 __all__ = [
     "STATS",
@@ -78,7 +78,7 @@ def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None
     Returns (x_hat, stats): x_hat as `quantize(...).dequantize(rotated=True)` gives it, and a
     float32 vector with the entries of `STATS`.
     """
-    q = quantize(a, spec, key=key, transform_key=transform_key, amax=amax)
+    q, scaled = _quantize(a, spec, key, transform_key, amax)
     xt = _prepare(a, spec)
     if spec.transform is not None:
         xt = T.rotate(xt, spec.transform, q.transform_key)
@@ -99,12 +99,7 @@ def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None
     live = S.block_amax(xb) > 0
     dead = S.block_amax(xhat_b) == 0
     underflow = jnp.mean(live & dead)
-    map4 = jnp.float32(0.0)
-    if spec.four_over_six is not None:
-        scope = S.scope_amax(xb, spec.outer)
-        if amax is not None:  # delayed scaling: the scope amax the quantizer used
-            scope = jnp.broadcast_to(jnp.asarray(amax, jnp.float32), scope.shape)
-        map4 = jnp.mean(S.nvfp4_te(xb, scope, elem=fmt, four_over_six=spec.four_over_six).map4)
+    map4 = jnp.float32(0.0) if scaled.map4 is None else jnp.mean(scaled.map4)
     stats = jnp.stack([rel, bias, flush, saturated, underflow, map4]).astype(jnp.float32)
     return q.dequantize(rotated=True), stats
 
