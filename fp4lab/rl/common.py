@@ -41,6 +41,7 @@ __all__ = [
     "build_rules",
     "check_recipe",
     "check_rules",
+    "sequential_under_vmap",
     "split",
     "apply",
     "EXACT_CPU",
@@ -124,6 +125,35 @@ def build_rules(
             r = _padded(r)
         out.append(dataclasses.replace(rule, recipe=r))
     return out
+
+
+def sequential_under_vmap(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`fn`, but computed one batch element after another (jax.lax.map) when it is vmapped.
+
+    For parameter initialization under vmapped seeds. jaxlib 0.10's CPU LAPACK kernels split a
+    batched QR (the orthogonal initializer's) over XLA's intra-op thread pool and block a pool
+    thread until the pieces are done; when several batched QRs run at once they can hold every
+    pool thread and wait forever (seen on a 2-core machine within a few hundred calls). Unbatched
+    QRs do not wait on the pool. fn's inputs and outputs are pytrees of arrays.
+    """
+
+    @jax.custom_batching.custom_vmap
+    def wrapped(x):
+        return fn(x)
+
+    @wrapped.def_vmap
+    def rule(axis_size, in_batched, x):
+        (batched,) = in_batched
+        if not any(jax.tree.leaves(batched)):
+            out = fn(x)
+            return out, jax.tree.map(lambda _: False, out)
+        x = jax.tree.map(
+            lambda a, b: a if b else jnp.broadcast_to(a, (axis_size, *a.shape)), x, batched
+        )
+        out = jax.lax.map(wrapped, x)  # `wrapped` again: an outer vmap is made sequential too
+        return out, jax.tree.map(lambda _: True, out)
+
+    return wrapped
 
 
 def split(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:

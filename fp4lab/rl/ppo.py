@@ -260,11 +260,17 @@ def make_train(config: PPOConfig):
         optax.adam(lr_schedule, eps=1e-5),
     )
 
+    def build(keys: C.Keys) -> nnx.Module:
+        model = ActorCritic(obs_dim, n_actions, config.hidden, rngs=nnx.Rngs(keys.init))
+        return quantize_model(model, rules, key=keys.quant, backend=config.backend)
+
+    # the orthogonal initializer runs QRs: one seed at a time (see common.sequential_under_vmap)
+    init = C.sequential_under_vmap(lambda keys: C.split(build(keys))[1:])
+    graphdef = C.split(nnx.eval_shape(lambda: build(C.as_keys(jax.random.key(0)))))[0]
+
     def train(keys) -> PPOResult:
         keys = C.as_keys(keys)
-        model = ActorCritic(obs_dim, n_actions, config.hidden, rngs=nnx.Rngs(keys.init))
-        quantize_model(model, rules, key=keys.quant, backend=config.backend)
-        graphdef, params, qstate = C.split(model)
+        params, qstate = init(keys)
 
         def policy(params, qstate, obs_BxO):
             return C.apply(graphdef, params, qstate, lambda m: m(obs_BxO))
