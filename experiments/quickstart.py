@@ -1,8 +1,10 @@
 """Quickstart: a Llama-style LM on a synthetic Markov language, four precision recipes, 4 seeds.
 
-    fp4lab run experiments/quickstart.py            (about 3 minutes on 2 CPU cores)
+    fp4lab run experiments/quickstart.py --workers 2
 
-The language is a seeded sparse Markov chain whose entropy rate is computed exactly, so every
+Compilation dominates at this size (a quantized cell compiles in about a minute on a CPU), so
+the LM has one block and `--workers 2` compiles two cells at a time. The language is a seeded
+sparse Markov chain whose entropy rate is computed exactly, so every
 run reports its loss gap to the true floor. The recipes: BF16 (the baseline), NVFP4 (NVIDIA
 2025, arXiv 2509.25149), MXFP4 (OCP MX, E8M0 scales) and NVFP4 with the weight-gradient GEMM in
 BF16 (the GEMM Cim et al. 2026 find most sensitive). The LM head stays in BF16 in every recipe,
@@ -25,7 +27,7 @@ def get_config():
         order=1,
         branching=4,
         d_model=64,
-        n_layers=2,
+        n_layers=1,
         n_heads=4,
         d_ff=128,
         seq_len=32,
