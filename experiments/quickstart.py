@@ -11,8 +11,10 @@ BF16 (the GEMM Cim et al. 2026 find most sensitive). The LM head stays in BF16 i
 as NVIDIA's recipe keeps the last layers in high precision. Telemetry records the operand
 errors of every GEMM every 25 steps; the gradient-flow heatmap shows where the error enters.
 
-Expect: BF16 closest to the floor; NVFP4 and MXFP4 a larger gap, MXFP4 the largest (coarser
-power-of-two scales); Wgrad in BF16 recovering part of NVFP4's gap. No divergences at this size.
+Measured with two blocks (4 seeds, 95 % intervals): loss gap BF16 0.034 [0.027, 0.045], NVFP4
+0.039 [0.031, 0.048], MXFP4 0.046 [0.038, 0.053], NVFP4 with Wgrad in BF16 0.039 [0.031, 0.049]
+(no recovery at this scale); tokens to a 0.1-nat gap +23 to +25 % over BF16 for every FP4
+recipe; no divergences.
 """
 
 from fp4lab.config import Config
