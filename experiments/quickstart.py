@@ -11,10 +11,10 @@ BF16 (the GEMM Cim et al. 2026 find most sensitive). The LM head stays in BF16 i
 as NVIDIA's recipe keeps the last layers in high precision. Telemetry records the operand
 errors of every GEMM every 25 steps; the gradient-flow heatmap shows where the error enters.
 
-Measured with two blocks (4 seeds, 95 % intervals): loss gap BF16 0.034 [0.027, 0.045], NVFP4
-0.039 [0.031, 0.048], MXFP4 0.046 [0.038, 0.053], NVFP4 with Wgrad in BF16 0.039 [0.031, 0.049]
-(no recovery at this scale); tokens to a 0.1-nat gap +23 to +25 % over BF16 for every FP4
-recipe; no divergences.
+Measured (one block, 4 seeds, 95 % intervals): loss gap BF16 0.035 [0.029, 0.045], NVFP4
+0.044 [0.037, 0.052], MXFP4 0.047 [0.042, 0.055], NVFP4 with Wgrad in BF16 0.043 [0.035, 0.052];
+tokens to a 0.1-nat gap +25 to +27 % over BF16 for every FP4 recipe; no divergences. 5m25s
+wall (5 CPU-minutes) on 2 cores shared with other jobs; two blocks gave the same ordering.
 """
 
 from fp4lab.config import Config
