@@ -21,6 +21,9 @@ division by a broadcast scalar (optax.clip_by_global_norm's `g / ||g||`) into a 
 by the reciprocal in some programs and not in others, so the trainers use `clip_by_global_norm`
 below, one multiplication. A reduction over several axes of a vmapped array may be emitted with
 its axes in another order (another summation order), so `global_norm` flattens each leaf first.
+One known exception remains: GRPO's logged warm-start loss, whose gather XLA turns into a masked
+sum over the vocabulary in the vmapped program only (differs in the last bit; the GRPO metrics
+after the warm start agree bit for bit).
 """
 
 from __future__ import annotations
