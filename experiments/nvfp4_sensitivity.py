@@ -1,18 +1,21 @@
-"""Which layers need BF16 under NVFP4: NVIDIA 2025 (arXiv 2509.25149), Fig. 9, small.
+"""Which layers and which tensors NVFP4 is sensitive in: NVIDIA 2025 (arXiv 2509.25149),
+Figs. 9-11, small.
 
-    fp4lab run experiments/nvfp4_sensitivity.py --workers 1   (not yet run; about 10 min expected)
+    fp4lab run experiments/nvfp4_sensitivity.py --workers 1
 
-NOT YET PRODUCED: no results are committed for this file (see results/README.md).
+The paper (1.2B LM): Fig. 9, all layers in NVFP4 diverges, the last 4 blocks in BF16 converges,
+the first 4 in BF16 does not; Fig. 10, stochastic rounding on the gradients helps, on the
+activations or the weights hurts; Fig. 11, the 16x16 Hadamard on Wgrad helps, on Fprop or
+Dgrad it hurts.
 
-The paper (1.2B LM): all layers in NVFP4 diverges; the last 4 blocks in BF16 converges; the
-first 4 in BF16 does not. Here: a 9-layer teacher-student MLP (hidden width 64, 4 outlier input
-channels, lr 1e-2) under NVIDIA's NVFP4 recipe, with the first 3 or the last 3 linear layers in
-BF16 (per-layer `rules`, first match wins), against all-NVFP4 and all-BF16. Outcome: final loss
-gap and divergence rate over 8 seeds. Expect, if it carries over: last-3-in-BF16 closer to BF16
-than first-3-in-BF16.
-
-Figs. 10-11 (stochastic rounding on gradients vs activations vs weights; Hadamard on Wgrad vs
-Fprop vs Dgrad) need recipe variants that are not named recipes yet; they are not covered here.
+Here: a 9-layer teacher-student MLP (hidden width 64, 4 outlier input channels, lr 1e-2) under
+NVIDIA's NVFP4 recipe, 8 seeds per cell. Fig. 9: the first 3 or the last 3 linear layers in BF16
+(per-layer `rules`, first match wins), against all-NVFP4 and all-BF16. Figs. 10-11: the named
+ablations of the recipe (`nvfp4-no-sr`, `-sr-acts`, `-sr-weights`; `nvfp4-no-h`, `-h-fprop`,
+`-h-dgrad`), each differing from `nvfp4` in one place. Outcome: final loss gap (held-out)
+and divergence rate. Expect, if the claims carry over: last-3-in-BF16 closer to BF16
+than first-3; no-SR and SR on activations or weights worse than nvfp4; no Hadamard, or a
+Hadamard on Fprop or Dgrad, worse than nvfp4.
 """
 
 from fp4lab.config import Config
@@ -41,3 +44,7 @@ def sweep(add):
     add(recipe="nvfp4")
     add("nvfp4, first 3 in bf16", recipe="nvfp4", rules=((r"layers\.[012]", "bf16"),))
     add("nvfp4, last 3 in bf16", recipe="nvfp4", rules=((r"layers\.[678]", "bf16"),))
+    for name in ("nvfp4-no-sr", "nvfp4-sr-acts", "nvfp4-sr-weights"):  # Fig. 10
+        add(recipe=name)
+    for name in ("nvfp4-no-h", "nvfp4-h-fprop", "nvfp4-h-dgrad"):  # Fig. 11
+        add(recipe=name)

@@ -220,6 +220,66 @@ def nvfp4() -> GemmRecipe:
     )
 
 
+_SR_GROUPS = {  # NVIDIA 2025, Fig. 10: which tensors are rounded stochastically
+    "gradients": ("dgrad_dy", "wgrad_dy"),
+    "activations": ("fprop_x", "wgrad_x"),
+    "weights": ("fprop_w", "dgrad_w"),
+}
+
+
+def _nvfp4_variant(*, sr: tuple[str, ...], hadamard: tuple[str, ...], name: str) -> GemmRecipe:
+    """`nvfp4` with stochastic rounding on the tensor groups `sr` and its 16x16 Hadamard on the
+    GEMMs `hadamard` (NVIDIA's recipe: sr=("gradients",), hadamard=("wgrad",))."""
+    base, h = nvfp4(), nvfp4().transform("wgrad")
+    stochastic = {op for group in sr for op in _SR_GROUPS[group]}
+    changes = {}
+    for g in GEMMS:
+        for o in OPERANDS[g]:
+            key = f"{g}_{o}"
+            spec = base.spec(g, o)
+            spec = spec.replace(rounding="stochastic" if key in stochastic else "rne")
+            changes[key] = spec.replace(transform=h if g in hadamard else None)
+    return base.replace(**changes, name=name)
+
+
+def nvfp4_no_sr() -> GemmRecipe:
+    """`nvfp4` with round-to-nearest-even everywhere, no stochastic rounding (NVIDIA 2025,
+    arXiv 2509.25149, Fig. 10 ablation: SR on the gradients is what the recipe needs)."""
+    return _nvfp4_variant(sr=(), hadamard=("wgrad",), name="nvfp4-no-sr")
+
+
+def nvfp4_sr_acts() -> GemmRecipe:
+    """`nvfp4` with stochastic rounding on the activations as well as the gradients (NVIDIA
+    2025, arXiv 2509.25149, Fig. 10 ablation: SR on activations hurts)."""
+    return _nvfp4_variant(
+        sr=("gradients", "activations"), hadamard=("wgrad",), name="nvfp4-sr-acts"
+    )
+
+
+def nvfp4_sr_weights() -> GemmRecipe:
+    """`nvfp4` with stochastic rounding on the weights as well as the gradients (NVIDIA 2025,
+    arXiv 2509.25149, Fig. 10 ablation: SR on weights hurts)."""
+    return _nvfp4_variant(sr=("gradients", "weights"), hadamard=("wgrad",), name="nvfp4-sr-weights")
+
+
+def nvfp4_no_h() -> GemmRecipe:
+    """`nvfp4` without the Hadamard on Wgrad (NVIDIA 2025, arXiv 2509.25149, Fig. 11 ablation:
+    the Wgrad Hadamard helps)."""
+    return _nvfp4_variant(sr=("gradients",), hadamard=(), name="nvfp4-no-h")
+
+
+def nvfp4_h_fprop() -> GemmRecipe:
+    """`nvfp4` with its 16x16 Hadamard on the forward GEMM as well as Wgrad (NVIDIA 2025,
+    arXiv 2509.25149, Fig. 11 ablation: a Hadamard on Fprop hurts)."""
+    return _nvfp4_variant(sr=("gradients",), hadamard=("fprop", "wgrad"), name="nvfp4-h-fprop")
+
+
+def nvfp4_h_dgrad() -> GemmRecipe:
+    """`nvfp4` with its 16x16 Hadamard on the input-gradient GEMM as well as Wgrad (NVIDIA 2025,
+    arXiv 2509.25149, Fig. 11 ablation: a Hadamard on Dgrad hurts)."""
+    return _nvfp4_variant(sr=("gradients",), hadamard=("dgrad", "wgrad"), name="nvfp4-h-dgrad")
+
+
 def nvfp4_rl() -> GemmRecipe:
     """The NVFP4 recipe of the "4-bitter lesson" for RL.
 
@@ -249,6 +309,12 @@ _REGISTRY: dict[str, Callable[[], GemmRecipe]] = {
     "mxfp4-h16-rs": mxfp4_h16_rs,
     "nvfp4": nvfp4,
     "nvfp4-rl": nvfp4_rl,
+    "nvfp4-no-sr": nvfp4_no_sr,
+    "nvfp4-sr-acts": nvfp4_sr_acts,
+    "nvfp4-sr-weights": nvfp4_sr_weights,
+    "nvfp4-no-h": nvfp4_no_h,
+    "nvfp4-h-fprop": nvfp4_h_fprop,
+    "nvfp4-h-dgrad": nvfp4_h_dgrad,
 }
 
 

@@ -51,7 +51,6 @@ def test_identity_recipe_is_bit_identical_to_dot_general(dn, shapes, jit):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("name", ["nvfp4-rl", "mxfp4", "mxfp4-h16", "fp8"])
 def _vjps(f, g_f, x, w, cotangent_seed=3):
     """Gradients of f and g_f at (x, w) for the same cotangent, and both forward values.
 
@@ -64,7 +63,7 @@ def _vjps(f, g_f, x, w, cotangent_seed=3):
     return y, y_ref, vjp(g), vjp_ref(g)
 
 
-@pytest.mark.parametrize("name", ["nvfp4-rl", "mxfp4", "mxfp4-h16", "fp8"])
+@pytest.mark.parametrize("name", ["nvfp4-rl", "mxfp4", "mxfp4-h16", "fp8", "nvfp4-h-fprop"])
 @pytest.mark.parametrize(
     "shapes,dn", [(((32, 64), (64, 96)), DN_2D), (((2, 16, 64), (64, 96)), DN_3D)]
 )
@@ -107,7 +106,9 @@ def _fq(a, spec, axis, key=None, tkey=None):
     )
 
 
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8", "fp8", "mxfp4-h16"])
+@pytest.mark.parametrize(
+    "name", ["nvfp4", "mxfp4", "mxfp8", "fp8", "mxfp4-h16", "nvfp4-h-dgrad", "nvfp4-sr-weights"]
+)
 def test_quantized_backward_equals_a_hand_composed_reference(name):
     """Dgrad = Q(dy) Q(w)^T along N; Wgrad = Q(x)^T Q(dy) along M, each with its own spec."""
     recipe = R.get(name)

@@ -52,6 +52,39 @@ def test_recipe_contents_follow_the_sources():
     assert R.get("fp32").is_identity
 
 
+def test_nvfp4_ablations_change_one_thing():
+    """NVIDIA 2025 Figs. 10-11: each ablation differs from nvfp4 only where its name says."""
+    nv = R.get("nvfp4")
+    assert R._nvfp4_variant(sr=("gradients",), hadamard=("wgrad",), name="x") == nv
+
+    def rounding(r):
+        return {k: s.rounding for k, s in r.used_specs().items()}
+
+    sr = {k for k, v in rounding(nv).items() if v == "stochastic"}
+    assert sr == {"dgrad_dy", "wgrad_dy"}
+    expect = {
+        "nvfp4-no-sr": set(),
+        "nvfp4-sr-acts": sr | {"fprop_x", "wgrad_x"},
+        "nvfp4-sr-weights": sr | {"fprop_w", "dgrad_w"},
+    }
+    for name, want in expect.items():
+        r = R.get(name)
+        assert {k for k, v in rounding(r).items() if v == "stochastic"} == want, name
+        assert [r.transform(g) for g in R.GEMMS] == [nv.transform(g) for g in R.GEMMS]
+    h = nv.transform("wgrad")
+    hs = {
+        "nvfp4-no-h": (),
+        "nvfp4-h-fprop": ("fprop", "wgrad"),
+        "nvfp4-h-dgrad": ("dgrad", "wgrad"),
+    }
+    for name, gemms in hs.items():
+        r = R.get(name)
+        assert rounding(r) == rounding(nv), name
+        assert [r.transform(g) for g in R.GEMMS] == [h if g in gemms else None for g in R.GEMMS]
+        for key, spec in r.used_specs().items():  # tiles and scales untouched
+            assert spec.replace(transform=None) == nv.used_specs()[key].replace(transform=None)
+
+
 def test_bad_fields_are_errors():
     with pytest.raises(ValueError, match="allowed: quantized, dequantized, high_precision"):
         R.GemmRecipe(backward="exact")
