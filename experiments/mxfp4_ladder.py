@@ -26,6 +26,7 @@ the outlier inputs (+100 % -> +77-81 %). The paper's ordering Fprop < +Dgrad < +
 reproduce at this scale.
 """
 
+from fp4lab import analysis as A
 from fp4lab.config import Config
 
 SEEDS = 8
@@ -64,3 +65,11 @@ def sweep(add):
         for name, recipe, gemms in LADDER:
             label = f"{name}, outliers={outliers}"
             add(label, recipe=recipe, gemms=gemms, outlier_channels=outliers, target_gap=gap)
+
+
+def analyze(results):
+    """overhead.csv: tokens to target, and the overhead against FP8 with the same inputs."""
+    baseline, match = A.default_baseline(results.runs)  # plain fp8, at the same outliers
+    t = A.tokens_to_target(results.runs, baseline=baseline, match=match)
+    cols = ["cell", "n", "reached", "never", "tokens", "tokens_lo", "tokens_hi"]
+    return {"overhead": t[cols + ["overhead", "overhead_lo", "overhead_hi"]]}

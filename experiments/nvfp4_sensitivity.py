@@ -18,6 +18,7 @@ than first-3; no-SR and SR on activations or weights worse than nvfp4; no Hadama
 Hadamard on Fprop or Dgrad, worse than nvfp4.
 """
 
+from fp4lab import analysis as A
 from fp4lab.config import Config
 
 SEEDS = 8
@@ -48,3 +49,13 @@ def sweep(add):
         add(recipe=name)
     for name in ("nvfp4-no-h", "nvfp4-h-fprop", "nvfp4-h-dgrad"):  # Fig. 11
         add(recipe=name)
+
+
+def analyze(results):
+    """paired.csv: each cell's held-out loss gap minus nvfp4's, paired on the seeds (the cells
+    share their seeds, so the seed-to-seed spread cancels); loss_gap.csv: the gap per cell."""
+    runs = results.runs
+    return {
+        "paired": A.paired_difference(runs, "recipe=nvfp4"),
+        "loss_gap": A.loss_gap(runs),
+    }

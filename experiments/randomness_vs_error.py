@@ -25,6 +25,7 @@ gap, the quant stream -0.1 % [-0.2, 0.5] (no evidence), init 2 % and data 4 %. W
 did not lower NVFP4's gap (0.185 vs 0.186); nvfp4-rl did (0.162; BF16 0.144).
 """
 
+from fp4lab import analysis as A
 from fp4lab.config import Config
 
 SEEDS = {"init": [0, 1, 2], "data": [0, 1, 2], "quant": [0, 1, 2]}
@@ -53,3 +54,11 @@ def sweep(add):
     add(recipe="nvfp4")
     add("recipe=nvfp4,wgrad=bf16", recipe="nvfp4", gemms={"wgrad": "bf16"})
     add(recipe="nvfp4-rl")
+
+
+def analyze(results):
+    """verdict.csv: which factor (the cell or a seed stream) the loss gap depends on;
+    loss_gap.csv: the gap per cell."""
+    runs = results.runs
+    verdict = A.verdict(runs, "loss_gap", ["cell"] + A.seed_factors(runs))
+    return {"verdict": verdict, "loss_gap": A.loss_gap(runs)}

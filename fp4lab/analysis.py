@@ -9,6 +9,7 @@ Every estimate comes with an interval, and the interval says how it was made:
 
     proportions (divergence rate)          Wilson score interval
     a statistic over seeds (gap, tokens)   percentile bootstrap over runs, seeded
+    a difference between two cells         the same, over pairs of runs with the same seeds
     a factor's share of variance           omega^2 of a main-effects model, wild bootstrap
 
 Only runs with status "ok" give outcomes; every table counts the others. A run that never
@@ -246,6 +247,59 @@ def loss_gap(
             | dict(n=len(ok), failed=len(g) - len(ok), nonfinite=int((~np.isfinite(y)).sum()))
             | dict(floor=ok["loss_floor"].median(), gap=ci.estimate, gap_lo=ci.lo, gap_hi=ci.hi)
         )
+    return pd.DataFrame(rows)
+
+
+def paired_difference(
+    runs: pd.DataFrame,
+    baseline: str,
+    *,
+    outcome: str = "loss_gap",
+    by: str = "cell",
+    stat: Stat = np.mean,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Each group's outcome minus the baseline group's, paired on the seed triple.
+
+        diff_s = outcome(group, seeds s) - outcome(baseline, seeds s),   s in the shared triples
+
+    Cells of a sweep usually share their seed triples (same init, data and quant seeds), so the
+    seed-to-seed spread that both cells feel cancels in the difference, and the interval of
+    stat(diff) (percentile bootstrap over the pairs) is much tighter than two per-cell intervals
+    side by side. Only the pairs where both runs finished with a finite outcome enter.
+
+    Args:
+      baseline: the value of `by` (a cell label) that every group is compared with.
+      outcome: the column compared. by: the grouping column.
+      stat, n_boot, level, seed: as in `bootstrap_ci`.
+    Returns:
+      DataFrame with `by`, pairs, diff, diff_lo, diff_hi, and `verdict`: "higher" or "lower"
+      when the interval excludes 0, "no evidence" when it contains 0 (an effect may still be
+      there), "baseline" for the baseline itself.
+    """
+    ok = _ok(runs)
+    ok = ok[np.isfinite(ok[outcome].to_numpy(np.float64))]
+    if baseline not in set(runs[by]):
+        raise ValueError(f"paired_difference: no {by} {baseline!r}; have {list(runs[by].unique())}")
+    base = ok[ok[by] == baseline].set_index(list(SEEDS))[outcome]
+    if base.index.has_duplicates:
+        raise ValueError(f"paired_difference: {baseline!r} has repeated seed triples")
+    rows = []
+    for key, g in _groups(runs, (by,)):
+        y = ok.loc[ok.index.intersection(g.index)].set_index(list(SEEDS))[outcome]
+        shared = y.index.intersection(base.index)
+        d = (y.loc[shared] - base.loc[shared]).to_numpy(np.float64)
+        ci = bootstrap_ci(d, stat, n_boot=n_boot, level=level, seed=seed)
+        if key[by] == baseline:
+            verdict = "baseline"
+        elif not (np.isfinite(ci.lo) and np.isfinite(ci.hi)):
+            verdict = "too few pairs"
+        else:
+            verdict = "higher" if ci.lo > 0 else "lower" if ci.hi < 0 else "no evidence"
+        rows.append(key | dict(pairs=len(d), diff=ci.estimate, diff_lo=ci.lo, diff_hi=ci.hi))
+        rows[-1]["verdict"] = verdict
     return pd.DataFrame(rows)
 
 

@@ -74,6 +74,8 @@ def _run(args) -> int:
     )
     results = store.load(out)
     _print_summary(results, exp.name)
+    if exp.analyze is not None and not results.runs.empty and _analyze(exp, results, out):
+        return 1
     if not args.no_figures and not results.runs.empty:
         from fp4lab import plots
 
@@ -83,6 +85,29 @@ def _run(args) -> int:
             f"\n{len(written)} figures in {out / 'figures'}" + (f", e.g. {heat[0]}" if heat else "")
         )
     return 1 if counts["failed"] else 0
+
+
+def _analyze(exp, results, out: Path) -> bool:
+    """Runs the experiment file's analyze(results) and writes each table to out/<name>.csv.
+    Returns True when it failed (the error is printed; the runs stay stored)."""
+    import pandas as pd
+
+    try:
+        tables = exp.analyze(results)
+        if not isinstance(tables, dict) or not all(
+            isinstance(k, str) and k.isidentifier() and isinstance(v, pd.DataFrame)
+            for k, v in tables.items()
+        ):
+            raise TypeError("must return {name: DataFrame}, names usable as file names")
+    except Exception as e:
+        print(f"\n{exp.path}: analyze(results) raised {type(e).__name__}: {e}", file=sys.stderr)
+        return True
+    for name, table in tables.items():
+        path = out / f"{name}.csv"
+        table.to_csv(path, index=False, float_format="%.5g")
+        print(f"\n{name} ({path}):")
+        print(table.to_string(index=False))
+    return False
 
 
 def _print_summary(results, name: str) -> None:

@@ -14,7 +14,9 @@ is an int n (seeds 0..n-1, the same integer in every stream), a dict {"init": [.
 "data": [...], "quant": [...]} (the product of the lists; a missing stream is [0]), or a list
 of (init, data, quant) triples. A module-level `SEEDS` sets the default (else 1). Everything is
 validated when the file is loaded, before anything runs; errors name the file, the line of the
-`add` call, the field and the allowed values.
+`add` call, the field and the allowed values. An optional `analyze(results)` returns
+{name: DataFrame}: the experiment's own tables, which `fp4lab run` prints and writes to
+`<out>/<name>.csv` once the sweep is done.
 
 A run is one cell at one seed triple; its id hashes its resolved config and seeds
 (`fp4lab.store.run_id`). The seeds of a cell run as vmapped calls of `config.seed_batch` seeds
@@ -82,6 +84,8 @@ class Experiment:
     path: str
     base: C.Config
     cells: tuple[Cell, ...]
+    # the file's optional analyze(results) -> {name: DataFrame}, run by `fp4lab run` at the end
+    analyze: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def manifest(self) -> dict[str, Any]:
         return {
@@ -183,7 +187,10 @@ def load_experiment(
     if dupes:
         raise ExperimentError(f"{path}: cells with the same label {dupes}")
     name = getattr(module, "NAME", path.stem)
-    return Experiment(name=name, path=str(path), base=base, cells=tuple(cells))
+    analyze = getattr(module, "analyze", None)
+    if analyze is not None and not callable(analyze):
+        raise ExperimentError(f"{path}: analyze is {type(analyze).__name__}; need a function")
+    return Experiment(name=name, path=str(path), base=base, cells=tuple(cells), analyze=analyze)
 
 
 # ---------------------------------------------------------------------------------------------

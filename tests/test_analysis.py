@@ -121,6 +121,53 @@ def test_loss_gap_counts_non_finite_runs():
     assert mx["gap_lo"] < 0.3 < mx["gap_hi"] and mx["floor"] == 2.0
 
 
+def test_paired_difference_cancels_shared_seed_noise():
+    """A per-seed offset shared by every cell hides a small effect from the per-cell intervals;
+    the paired difference finds it, and finds nothing where nothing was planted."""
+    gen = np.random.default_rng(1)
+    shared = gen.normal(0, 0.5, size=8)  # what one seed triple does to every cell
+    rows = []
+    for cell, effect in (("base", 0.0), ("worse", 0.05), ("same", 0.0)):
+        for s in range(8):
+            gap = 1.0 + effect + shared[s] + 0.005 * gen.normal()
+            rows.append(
+                dict(run_id=f"{cell}{s}", cell=cell, status="ok", loss_gap=gap, loss_floor=0.0)
+                | dict(seed_init=s, seed_data=s, seed_quant=0)
+            )
+    runs = pd.DataFrame(rows)
+    per_cell = A.loss_gap(runs).set_index("cell")
+    assert per_cell.loc["worse", "gap_lo"] < per_cell.loc["base", "gap_hi"]  # overlap: unclear
+    paired = A.paired_difference(runs, "base").set_index("cell")
+    worse, same = paired.loc["worse"], paired.loc["same"]
+    assert worse["pairs"] == 8 and 0.04 < worse["diff_lo"] < 0.05 < worse["diff_hi"] < 0.06
+    assert worse["verdict"] == "higher"
+    assert same["diff_lo"] < 0 < same["diff_hi"] and same["verdict"] == "no evidence"
+    assert paired.loc["base", "verdict"] == "baseline" and paired.loc["base", "diff"] == 0.0
+    # by hand: the mean of the per-seed differences
+    d = (
+        runs[runs.cell == "worse"].loss_gap.to_numpy()
+        - runs[runs.cell == "base"].loss_gap.to_numpy()
+    )
+    assert worse["diff"] == pytest.approx(d.mean())
+
+
+def test_paired_difference_uses_only_shared_finite_pairs():
+    rows = [
+        dict(run_id=f"{c}{s}", cell=c, status="ok", loss_gap=float(s) + (c == "b"))
+        | dict(seed_init=s, seed_data=0, seed_quant=0)
+        for c, seeds in (("a", range(4)), ("b", range(1, 6)))
+        for s in seeds
+    ]
+    runs = pd.DataFrame(rows)
+    runs.loc[(runs.cell == "b") & (runs.seed_init == 1), "loss_gap"] = np.nan  # diverged
+    runs.loc[(runs.cell == "b") & (runs.seed_init == 2), "status"] = "failed"
+    row = A.paired_difference(runs, "a").set_index("cell").loc["b"]
+    assert row["pairs"] == 1 and row["diff"] == 1.0  # only seed 3 is shared, finite and ok
+    assert row["verdict"] == "too few pairs"
+    with pytest.raises(ValueError, match="no cell 'c'"):
+        A.paired_difference(runs, "c")
+
+
 def _tokens_runs():
     rows = []
     for lr, recipe, s in itertools.product((1e-3, 1e-2), ("fp8", "mxfp4", "nvfp4"), range(6)):

@@ -148,6 +148,26 @@ def test_run_show_ls_and_load(tmp_path, capsys):
     assert "0 runs done, 4 already finished" in capsys.readouterr().out
 
 
+def test_experiment_analyze_tables_are_written_and_printed(tmp_path, capsys):
+    path = write_experiment(tmp_path, 'add(recipe="fp32")\nadd(recipe="bf16")')
+    path.write_text(
+        path.read_text()
+        + "\ndef analyze(results):\n"
+        + "    from fp4lab import analysis\n"
+        + "    return {'paired': analysis.paired_difference(results.runs, 'recipe=fp32')}\n"
+    )
+    out = tmp_path / "res"
+    assert cli.main(["run", str(path), "--out", str(out), "--quiet", "--no-figures"]) == 0
+    assert "paired (" in capsys.readouterr().out
+    table = (out / "paired.csv").read_text().splitlines()
+    assert table[0] == "cell,pairs,diff,diff_lo,diff_hi,verdict" and len(table) == 3
+    # a failing analyze is an error exit, and the runs stay stored
+    path.write_text(path.read_text() + "\ndef analyze(results):\n    return 3\n")
+    assert cli.main(["run", str(path), "--out", str(out), "--quiet", "--no-figures"]) == 1
+    assert "analyze(results) raised TypeError" in capsys.readouterr().err
+    assert len(store.load(out).runs) == 4
+
+
 def test_corrupt_record_is_detected_and_redone(tmp_path):
     path = write_experiment(tmp_path, 'add(recipe="fp32")')
     exp = sweep.load_experiment(path)
