@@ -54,17 +54,14 @@ import time
 from pathlib import Path
 
 import jax
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-import fp4lab as fl  # noqa: E402
-from fp4lab import recipes as R  # noqa: E402
-from fp4lab.models import TransformerConfig  # noqa: E402
-from fp4lab.rl import GRPOConfig, grpo  # noqa: E402
+import fp4lab as fl
+from fp4lab import recipes as R
+from fp4lab.models import TransformerConfig
+from fp4lab.rl import GRPOConfig, grpo
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "rl"
 MODEL = TransformerConfig(vocab=16, d_model=32, n_layers=4, n_heads=2, d_ff=64, max_len=16)
@@ -152,6 +149,35 @@ def run(cfg: GRPOConfig, seeds: int) -> tuple[dict, float]:
     return metrics, time.perf_counter() - t0
 
 
+def summarize(study: str, name: str, m: dict, seconds: float) -> tuple[dict, pd.DataFrame]:
+    """One row of mismatch.csv (means over updates and seeds) and the per-update curve."""
+    row = {
+        "study": study,
+        "variant": name,
+        "seeds": int(m["reward/mean"].shape[0]),
+        "abs_logp": float(m["mismatch/abs_logp"].mean()),
+        "kl": float(m["mismatch/kl"].mean()),
+        "max_abs_logp": float(m["mismatch/max_abs_logp"].max()),
+        "warmup_accuracy": float(m["warmup/accuracy"][:, -1].mean()),
+        "reward_first": float(m["reward/mean"][:, 0].mean()),
+        "reward_last10": float(m["reward/mean"][:, -10:].mean()),
+        "spikes_per_run": float(m["grad/spike"].sum(axis=1).mean()),
+        "grad_norm_mean": float(m["grad/norm"].mean()),
+        "seconds": round(seconds, 1),
+    }
+    curve = pd.DataFrame(
+        {
+            "study": study,
+            "variant": name,
+            "update": np.arange(m["reward/mean"].shape[1]),
+            "reward": m["reward/mean"].mean(axis=0),
+            "abs_logp": m["mismatch/abs_logp"].mean(axis=0),
+            "grad_norm": m["grad/norm"].mean(axis=0),
+        }
+    )
+    return row, curve
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 seed, 4 warm-start steps, 3 updates")
@@ -164,34 +190,10 @@ def main(argv=None) -> None:
         if args.quick:
             cfg = cfg.replace(warmup_steps=4, updates=3)
         m, seconds = run(cfg, seeds)
-        row = {
-            "study": study,
-            "variant": name,
-            "seeds": seeds,
-            "abs_logp": float(m["mismatch/abs_logp"].mean()),
-            "kl": float(m["mismatch/kl"].mean()),
-            "max_abs_logp": float(m["mismatch/max_abs_logp"].max()),
-            "warmup_accuracy": float(m["warmup/accuracy"][:, -1].mean()),
-            "reward_first": float(m["reward/mean"][:, 0].mean()),
-            "reward_last10": float(m["reward/mean"][:, -10:].mean()),
-            "spikes_per_run": float(m["grad/spike"].sum(axis=1).mean()),
-            "grad_norm_mean": float(m["grad/norm"].mean()),
-            "seconds": round(seconds, 1),
-        }
+        row, curve = summarize(study, name, m, seconds)
         rows.append(row)
+        curves.append(curve)
         print(json.dumps(row), flush=True)
-        curves.append(
-            pd.DataFrame(
-                {
-                    "study": study,
-                    "variant": name,
-                    "update": np.arange(m["reward/mean"].shape[1]),
-                    "reward": m["reward/mean"].mean(axis=0),
-                    "abs_logp": m["mismatch/abs_logp"].mean(axis=0),
-                    "grad_norm": m["grad/norm"].mean(axis=0),
-                }
-            )
-        )
     total = time.perf_counter() - start
     suffix = "_quick" if args.quick else ""
     table = pd.DataFrame(rows)
@@ -203,7 +205,8 @@ def main(argv=None) -> None:
 
 
 def plot(table: pd.DataFrame, curves: pd.DataFrame, path: Path) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    fig = Figure(figsize=(16, 4))
+    axes = fig.subplots(1, 3)
     for ax, study in zip(axes[:2], ("sampler", "exceptions"), strict=True):
         d = table[table.study == study]
         ax.bar(d.variant, d.abs_logp)
@@ -214,7 +217,6 @@ def plot(table: pd.DataFrame, curves: pd.DataFrame, path: Path) -> None:
     axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

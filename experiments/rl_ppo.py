@@ -37,14 +37,11 @@ import time
 from pathlib import Path
 
 import jax
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from fp4lab.rl import PPOConfig, ppo  # noqa: E402
+from fp4lab.rl import PPOConfig, ppo
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "rl"
 ENVS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0}  # gymnasium reward thresholds
@@ -137,7 +134,8 @@ def main(argv=None) -> None:
 
 
 def plot(curves: pd.DataFrame, path: Path) -> None:
-    fig, axes = plt.subplots(1, len(ENVS), figsize=(6 * len(ENVS), 4))
+    fig = Figure(figsize=(6 * len(ENVS), 4))
+    axes = fig.subplots(1, len(ENVS))
     for ax, (env, threshold) in zip(axes, ENVS.items(), strict=True):
         for recipe in RECIPES:
             d = curves[(curves.env == env) & (curves.recipe == recipe)]
@@ -150,7 +148,6 @@ def plot(curves: pd.DataFrame, path: Path) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from fp4lab import store as S
 from fp4lab import sweep as SW
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-NAMES = ("gradient_flow_heatmap", "randomness_vs_error", "formats_tour")
+NAMES = ("gradient_flow_heatmap", "randomness_vs_error", "formats_tour", "rl_mismatch")
 
 
 @pytest.fixture(scope="module")
