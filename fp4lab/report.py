@@ -8,6 +8,8 @@ base64 PNG in an <img> tag, no scripts, fonts or links to fetch. Its sections:
     Cells         per cell: divergence rate (Wilson), loss gap and tokens to target (bootstrap
                   over seeds), overhead against the baseline recipe
     What matters  `analysis.verdict` for the loss gap (and divergence, when some runs diverged)
+    Tables        the experiment's own tables: every `<name>.csv` at the top of the results
+                  folder (what the experiment file's `analyze(results)` wrote), read as data
     Figures       `plots.iter_figures`, the same set `plots.standard_figures` writes
     Methods       how every interval was made
 """
@@ -147,6 +149,18 @@ def _figure_html(name: str, fig) -> str:
     )
 
 
+def _tables_html(folder) -> list[str]:
+    """The experiment's own tables: the CSV files at the top of the results folder."""
+    files = sorted(Path(folder).glob("*.csv")) if folder is not None else []
+    if not files:
+        return []
+    parts = ["<h2>Tables</h2>"]
+    for path in files:
+        table = pd.read_csv(path)
+        parts += [f"<h3>{html.escape(path.name)}</h3>", table.to_html(index=False, border=0)]
+    return parts
+
+
 def render(results) -> str:
     """The report page as an HTML string (see the module docstring for its sections)."""
     runs, metrics = results.runs, results.metrics
@@ -172,6 +186,7 @@ def render(results) -> str:
         ]
         if ok["diverged"].astype(bool).any():
             parts += ["<h3>diverged (0/1)</h3>", _verdict_html(runs, "diverged")]
+    parts += _tables_html(getattr(results, "path", None))
     parts.append("<h2>Figures</h2>")
     parts += [_figure_html(name, fig) for name, fig in P.iter_figures(results)]
     parts.append("<h2>Methods</h2><ul>")
