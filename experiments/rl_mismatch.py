@@ -1,6 +1,6 @@
 """Sampler-trainer mismatch under FP4 in GRPO: sampler formats, BF16 exceptions, backward modes.
 
-    python experiments/rl_mismatch.py            (measured: 17.5 min on 2 shared CPU cores)
+    python experiments/rl_mismatch.py            (measured: 16.2 min on 2 idle CPU cores)
     python experiments/rl_mismatch.py --quick    (1 seed, a few updates: a smoke test)
 
 The task of fp4lab.rl.grpo: sort 4 digits, reward = fraction of answer tokens right; a 4-block
@@ -35,8 +35,9 @@ value comes from different inference and training kernels); keeping the last blo
 lowers the mismatch more than keeping the first; per-tensor equal recipes > 0, per-token = 0.
 Whether the backward modes separate on a model this small is an open question here.
 
-Measured (results/rl/mismatch.csv, means over 60 updates and 4 seeds): |delta log p| 0 (bf16),
-0.057 (mxfp8), 0.270 (nvfp4), 0.247 (nvfp4 + 4/6): the paper's order, at about 8x its values (a
+Measured (results/rl/mismatch.csv, means over 60 updates and 4 seeds, with 95 % bootstrap
+intervals over the seeds in the *_lo/*_hi columns): |delta log p| 0 (bf16), 0.057 (mxfp8), 0.270
+(nvfp4), 0.247 (nvfp4 + 4/6; its interval overlaps nvfp4's): the paper's order, at about 8x its values (a
 32-wide model with every GEMM quantized, against routed experts only in the paper); the FP4
 samplers also lower the reward GRPO reaches (last 10 updates 0.73-0.74 against 0.78 with a bf16
 sampler; no importance-sampling correction). BF16 exceptions: first block 0.113, last block 0.258,
@@ -60,6 +61,7 @@ from matplotlib.figure import Figure
 
 import fp4lab as fl
 from fp4lab import recipes as R
+from fp4lab.analysis import bootstrap_ci
 from fp4lab.models import TransformerConfig
 from fp4lab.rl import GRPOConfig, grpo
 
@@ -150,7 +152,16 @@ def run(cfg: GRPOConfig, seeds: int) -> tuple[dict, float]:
 
 
 def summarize(study: str, name: str, m: dict, seconds: float) -> tuple[dict, pd.DataFrame]:
-    """One row of mismatch.csv (means over updates and seeds) and the per-update curve."""
+    """One row of mismatch.csv (means over updates and seeds, with a 95 % percentile bootstrap
+    interval over the seeds' own means) and the per-update curve."""
+    per_seed = {
+        "abs_logp": m["mismatch/abs_logp"].mean(axis=1),
+        "reward_last10": m["reward/mean"][:, -10:].mean(axis=1),
+    }
+    intervals = {}
+    for metric, values in per_seed.items():
+        ci = bootstrap_ci(values)
+        intervals |= {f"{metric}_lo": ci.lo, f"{metric}_hi": ci.hi}
     row = {
         "study": study,
         "variant": name,
@@ -164,7 +175,7 @@ def summarize(study: str, name: str, m: dict, seconds: float) -> tuple[dict, pd.
         "spikes_per_run": float(m["grad/spike"].sum(axis=1).mean()),
         "grad_norm_mean": float(m["grad/norm"].mean()),
         "seconds": round(seconds, 1),
-    }
+    } | intervals
     curve = pd.DataFrame(
         {
             "study": study,
@@ -209,7 +220,8 @@ def plot(table: pd.DataFrame, curves: pd.DataFrame, path: Path) -> None:
     axes = fig.subplots(1, 3)
     for ax, study in zip(axes[:2], ("sampler", "exceptions"), strict=True):
         d = table[table.study == study]
-        ax.bar(d.variant, d.abs_logp)
+        err = np.stack([d.abs_logp - d.abs_logp_lo, d.abs_logp_hi - d.abs_logp]).clip(min=0)
+        ax.bar(d.variant, d.abs_logp, yerr=np.nan_to_num(err), capsize=3)
         ax.set(title=f"{study}: mean |delta log p| (trainer bf16)", ylabel="|delta log p|")
     for variant, d in curves[curves.study == "backward"].groupby("variant", sort=False):
         axes[2].plot(d["update"], d["reward"], label=variant)
