@@ -37,8 +37,9 @@ Whether the backward modes separate on a model this small is an open question he
 
 Measured (results/rl/mismatch.csv, means over 60 updates and 4 seeds, with 95 % bootstrap
 intervals over the seeds in the *_lo/*_hi columns): |delta log p| 0 (bf16), 0.057 (mxfp8), 0.270
-(nvfp4), 0.247 (nvfp4 + 4/6; its interval overlaps nvfp4's): the paper's order, at about 8x its values (a
-32-wide model with every GEMM quantized, against routed experts only in the paper); the FP4
+(nvfp4), 0.247 (nvfp4 + 4/6; its interval overlaps nvfp4's): the paper's order, at about 8x
+its values (a 32-wide model with every GEMM quantized, against routed experts only in the
+paper); the FP4
 samplers also lower the reward GRPO reaches (last 10 updates 0.73-0.74 against 0.78 with a bf16
 sampler; no importance-sampling correction). BF16 exceptions: first block 0.113, last block 0.258,
 last two 0.249, none 0.270, so here, unlike the expectation, the first block carries most of the
