@@ -74,8 +74,9 @@ def _run(args) -> int:
     )
     results = store.load(out)
     _print_summary(results, exp.name)
-    if exp.analyze is not None and not results.runs.empty and _analyze(exp, results, out):
-        return 1
+    analyze_failed = False
+    if exp.analyze is not None and not results.runs.empty:
+        analyze_failed = _analyze(exp, results, out)
     if not args.no_figures and not results.runs.empty:
         from fp4lab import plots
 
@@ -84,7 +85,7 @@ def _run(args) -> int:
         print(
             f"\n{len(written)} figures in {out / 'figures'}" + (f", e.g. {heat[0]}" if heat else "")
         )
-    return 1 if counts["failed"] else 0
+    return 1 if counts["failed"] or analyze_failed else 0
 
 
 def _analyze(exp, results, out: Path) -> bool:

@@ -166,8 +166,9 @@ def test_experiment_analyze_tables_are_written_and_printed(tmp_path, capsys):
     assert "<h3>paired.csv</h3>" in page and "recipe=bf16" in page.split("paired.csv")[1]
     # a failing analyze is an error exit, and the runs stay stored
     path.write_text(path.read_text() + "\ndef analyze(results):\n    return 3\n")
-    assert cli.main(["run", str(path), "--out", str(out), "--quiet", "--no-figures"]) == 1
+    assert cli.main(["run", str(path), "--out", str(out), "--quiet"]) == 1
     assert "analyze(results) raised TypeError" in capsys.readouterr().err
+    assert (out / "figures" / "loss_curves.png").is_file()  # the figures are still written
     assert len(store.load(out).runs) == 4
 
 
