@@ -6,6 +6,8 @@ ways, through the sweep's own `compute_cell`:
 
   vmapped      seed_batch=8: one compiled call trains all 8 seeds
   sequential   seed_batch=1: the same compiled single-seed call, 8 times
+  vmapped x4   seed_batch=4 (and x2): two (four) calls of a 4-wide (2-wide) program, to show
+               which vmap width uses the CPU best (`Config.seed_batch`, 4 by default)
 
 Both are compiled first (compile seconds reported separately); then the two are timed in
 interleaved rounds, and the table gives the median seconds per round and seeds per second.
@@ -62,7 +64,12 @@ def main(argv=None) -> None:
         base = Config(recipe=args.recipe, steps=steps, eval_batches=2, **LM)
     else:
         base = Config(recipe=args.recipe, steps=steps, eval_batches=2, **MLP)
-    cells = {"vmapped": base.replace(seed_batch=8), "sequential": base.replace(seed_batch=1)}
+    cells = {
+        "vmapped": base.replace(seed_batch=8),
+        "sequential": base.replace(seed_batch=1),
+        "vmapped x4": base.replace(seed_batch=4),
+        "vmapped x2": base.replace(seed_batch=2),
+    }
     first = {name: compile_seconds(cfg) for name, cfg in cells.items()}
     times = {name: [] for name in cells}
     for _ in range(rounds):
@@ -79,6 +86,8 @@ def main(argv=None) -> None:
     ratio = med["sequential"] / med["vmapped"]
     verdict = "met" if ratio >= GOAL else "NOT met"
     print(f"vmapped throughput: {ratio:.2f}x sequential (goal >= {GOAL:.0f}x): {verdict}")
+    for width in ("x4", "x2"):
+        print(f"vmapped {width} throughput: {med['sequential'] / med[f'vmapped {width}']:.2f}x")
 
 
 def timed_run(cfg: Config) -> float:
