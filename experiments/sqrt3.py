@@ -73,8 +73,8 @@ def analyze(results):
     wide = med.unstack("step")
     steps = [s for s in (0, 100, 400, 775, 800, 975) if s in wide.columns]
     gnr = wide[steps].rename(columns=lambda s: f"gnr@{s}")
-    below = wide.T.lt(math.sqrt(3)).idxmax().where(wide.T.lt(math.sqrt(3)).any())
-    gnr["first_below_sqrt3"] = below
+    under = wide < math.sqrt(3)  # a step whose gnr was not logged compares False
+    gnr["first_below_sqrt3"] = under.idxmax(axis=1).where(under.any(axis=1))
     loss = A.attach(A.scalar_metric(metrics, "loss"), runs)
     loss["steps"] = (loss["step"] // 100 * 100).astype(str) + "+"
     table = loss.groupby(["cell", "steps"], sort=False)["value"].mean().unstack("steps")

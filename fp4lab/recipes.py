@@ -230,7 +230,8 @@ _SR_GROUPS = {  # NVIDIA 2025, Fig. 10: which tensors are rounded stochastically
 def _nvfp4_variant(*, sr: tuple[str, ...], hadamard: tuple[str, ...], name: str) -> GemmRecipe:
     """`nvfp4` with stochastic rounding on the tensor groups `sr` and its 16x16 Hadamard on the
     GEMMs `hadamard` (NVIDIA's recipe: sr=("gradients",), hadamard=("wgrad",))."""
-    base, h = nvfp4(), nvfp4().transform("wgrad")
+    base = nvfp4()
+    h = base.transform("wgrad")
     stochastic = {op for group in sr for op in _SR_GROUPS[group]}
     changes = {}
     for g in GEMMS:
