@@ -81,19 +81,7 @@ def main(argv=None) -> None:
             ret = ppo.windowed_return(m, WINDOW)
             solved = ppo.first_solved(m, threshold, WINDOW)
             bad = first_nonfinite(m["loss/total"])
-            for s in range(seeds):
-                curves.append(
-                    pd.DataFrame(
-                        {
-                            "env": env,
-                            "recipe": recipe,
-                            "seed": s,
-                            "update": np.arange(ret.shape[1]),
-                            "env_steps": m["env/steps"][s],
-                            "return": ret[s],
-                        }
-                    )
-                )
+            curves.append(seed_curves(env, recipe, m["env/steps"], ret))
             row = {
                 "env": env,
                 "recipe": recipe,
@@ -133,21 +121,44 @@ def main(argv=None) -> None:
     print(f"total {total / 60:.1f} min")
 
 
-def plot(curves: pd.DataFrame, path: Path) -> None:
-    fig = Figure(figsize=(6 * len(ENVS), 4))
-    axes = fig.subplots(1, len(ENVS))
-    for ax, (env, threshold) in zip(axes, ENVS.items(), strict=True):
-        for recipe in RECIPES:
-            d = curves[(curves.env == env) & (curves.recipe == recipe)]
+def seed_curves(env: str, recipe: str, steps_SxU, return_SxU) -> pd.DataFrame:
+    """One row per seed and update: env steps so far and the windowed return."""
+    return pd.concat(
+        pd.DataFrame(
+            {
+                "env": env,
+                "recipe": recipe,
+                "seed": s,
+                "update": np.arange(return_SxU.shape[1]),
+                "env_steps": steps_SxU[s],
+                "return": return_SxU[s],
+            }
+        )
+        for s in range(return_SxU.shape[0])
+    )
+
+
+def draw(curves: pd.DataFrame) -> Figure:
+    """Windowed return against env steps: per env a panel, per recipe the median over seeds
+    with the min-max band, and the env's solve threshold."""
+    envs = list(dict.fromkeys(curves["env"]))
+    fig = Figure(figsize=(6 * len(envs), 4))
+    axes = fig.subplots(1, len(envs), squeeze=False)[0]
+    for ax, env in zip(axes, envs, strict=True):
+        for recipe, d in curves[curves.env == env].groupby("recipe", sort=False):
             wide = d.pivot(index="env_steps", columns="seed", values="return")
             x = wide.index.to_numpy()
             ax.plot(x, wide.median(axis=1), label=recipe)
             ax.fill_between(x, wide.min(axis=1), wide.max(axis=1), alpha=0.15)
-        ax.axhline(threshold, color="k", lw=0.8, ls="--")
+        ax.axhline(ENVS[env], color="k", lw=0.8, ls="--")
         ax.set(title=env, xlabel="environment steps per seed", ylabel="windowed return")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
+
+
+def plot(curves: pd.DataFrame, path: Path) -> None:
+    draw(curves).savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
