@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import rlax
+from rl_checks import assert_seed_equals_batch_row
 
 import fp4lab as fl
 from fp4lab.rl import EXACT_CPU, Keys, as_keys, ppo
@@ -180,10 +181,4 @@ def test_same_keys_give_bit_identical_runs(runs):
 def test_a_seed_alone_equals_the_same_seed_in_a_vmapped_batch(runs):
     """Bit for bit under EXACT_CPU (see fp4lab.rl.common for why XLA:CPU needs it)."""
     _, _, out, batch = runs
-    for k, v in out.metrics.items():
-        np.testing.assert_array_equal(np.asarray(batch.metrics[k][1]), np.asarray(v), err_msg=k)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_array_equal(np.asarray(b[1]), np.asarray(a)),
-        out.params,
-        batch.params,
-    )
+    assert_seed_equals_batch_row(out, batch, 1)
