@@ -27,7 +27,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-SEEDS = ("seed_init", "seed_data", "seed_quant")
+from fp4lab.store import SEED_COLUMNS
+
+SEEDS = SEED_COLUMNS  # seed_init, seed_data, seed_quant
 IDENTITY = ("run_id", "experiment", "cell", "status")
 SUMMARIES = (
     "final_loss",

@@ -38,9 +38,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["SCHEMA", "Results", "Store", "run_id", "load", "provenance"]
+__all__ = ["SCHEMA", "SEED_COLUMNS", "Results", "Store", "run_id", "load", "provenance"]
 
 SCHEMA = 1
+_STREAMS = ("init", "data", "quant")  # a record's "seeds" keys
+SEED_COLUMNS = tuple(f"seed_{s}" for s in _STREAMS)  # their columns in the runs table
 _PACKAGES = ("fp4lab", "jax", "jaxlib", "flax", "optax", "ml_dtypes", "numpy")
 
 
@@ -217,10 +219,8 @@ def load(path: str | os.PathLike) -> Results:
             "experiment": r["experiment"],
             "cell": r["cell"],
             "status": r["status"],
-            "seed_init": seeds["init"],
-            "seed_data": seeds["data"],
-            "seed_quant": seeds["quant"],
         }
+        row |= {f"seed_{s}": seeds[s] for s in _STREAMS}
         row |= {k: _config_value(v) for k, v in r["config"].items()}
         row |= r.get("summary") or {}
         row["wall_s"] = r.get("wall_s", np.nan)
@@ -231,9 +231,8 @@ def load(path: str | os.PathLike) -> Results:
     if manifest and len(runs):  # cells in the order the experiment adds them
         order = {c["label"]: i for i, c in enumerate(manifest.get("cells", []))}
         key = runs["cell"].map(lambda c: order.get(c, len(order)))
-        seeds = ["seed_init", "seed_data", "seed_quant"]
-        runs = runs.assign(_o=key).sort_values(["_o", *seeds], kind="stable").drop(columns="_o")
-        runs = runs.reset_index(drop=True)
+        runs = runs.assign(_o=key).sort_values(["_o", *SEED_COLUMNS], kind="stable")
+        runs = runs.drop(columns="_o").reset_index(drop=True)
     if parts:
         metrics = pd.concat(parts, ignore_index=True)
     else:
