@@ -178,6 +178,41 @@ def test_a_cell_whose_worker_always_dies_fails_after_max_retries(ray_cluster, tm
     assert all("WorkerCrashedError" in r["error"] for r in failed)
 
 
+class LossyRay:
+    """Stands in for `ray` in `_cancel`: tasks end when cancelled, but the first cancel of each
+    task in `lose` is lost, as when it reaches the task while Ray hands it to a worker."""
+
+    def __init__(self, lose=(), stuck=()):
+        self.lose, self.stuck = set(lose), set(stuck)
+        self.ended, self.cancels = set(), collections.Counter()
+
+    def cancel(self, ref, force):
+        assert force
+        self.cancels[ref] += 1
+        if ref in self.lose:
+            self.lose.discard(ref)
+        elif ref not in self.stuck:
+            self.ended.add(ref)
+
+    def wait(self, refs, num_returns, timeout):
+        assert num_returns == len(refs)
+        return [r for r in refs if r in self.ended], [r for r in refs if r not in self.ended]
+
+
+def test_a_lost_cancel_is_sent_again_until_the_task_has_ended():
+    fake = LossyRay(lose={"b"})
+    ray_executor._cancel(fake, ["a", "b", "c"])
+    assert fake.ended == {"a", "b", "c"}
+    assert fake.cancels == {"a": 1, "b": 2, "c": 1}  # only the lost one is cancelled again
+
+
+def test_a_task_that_never_ends_is_reported_not_waited_for_forever():
+    fake = LossyRay(stuck={"b"})
+    with pytest.warns(RuntimeWarning, match=r"1 cancelled Ray task\(s\) had not ended after 0.2 s"):
+        ray_executor._cancel(fake, ["a", "b"], timeout_s=0.2)
+    assert fake.ended == {"a"} and fake.cancels["b"] >= 1
+
+
 def test_options_are_checked_and_missing_ray_is_explained(monkeypatch):
     with pytest.raises(ValueError, match="max_retries=-1; must be an int >= 0"):
         ray_executor.run([], None, max_retries=-1)
