@@ -33,14 +33,14 @@ fp4lab.backends.reference_matmul standing in for the hardware GEMM.
 from __future__ import annotations
 
 import argparse
-import random
+import functools
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from timing import interleaved  # benchmarks/timing.py
 
 import fp4lab as fl
 from fp4lab import backends as B
@@ -100,16 +100,9 @@ def median_ms(calls: dict, reps: int, warmup: int) -> dict[str, float]:
     for f, args in calls.values():
         for _ in range(warmup):
             jax.block_until_ready(f(*args))
-    times = {name: [] for name in calls}
-    order = list(calls)
-    rng = random.Random(0)
-    for _ in range(reps):
-        rng.shuffle(order)  # no method always runs right after the same neighbour
-        for name in order:
-            f, args = calls[name]
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            times[name].append(time.perf_counter() - t0)
+    times = interleaved(
+        {name: functools.partial(f, *args) for name, (f, args) in calls.items()}, reps
+    )
     return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
 
 

@@ -19,14 +19,14 @@ warm-up calls.
 from __future__ import annotations
 
 import argparse
-import random
+import functools
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 from jax._src.cudnn.scaled_matmul_stablehlo import BlockScaleConfig
 from jax._src.cudnn.scaled_matmul_stablehlo import quantize as jax_quantize
+from timing import interleaved  # benchmarks/timing.py
 
 import fp4lab as fl
 
@@ -74,16 +74,7 @@ def median_ms(fns: dict, x, reps: int, warmup: int) -> dict[str, float]:
     for f in jitted.values():  # compile, then warm up
         for _ in range(1 + warmup):
             f(x).block_until_ready()
-    times = {name: [] for name in jitted}
-    order = list(jitted)
-    rng = random.Random(0)
-    for _ in range(reps):
-        rng.shuffle(order)  # no method always runs right after the same neighbour
-        for name in order:
-            f = jitted[name]
-            t0 = time.perf_counter()
-            f(x).block_until_ready()
-            times[name].append(time.perf_counter() - t0)
+    times = interleaved({name: functools.partial(f, x) for name, f in jitted.items()}, reps)
     return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
 
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import time
 
 import jax
+from timing import interleaved  # benchmarks/timing.py
 
 from fp4lab.rl import EXACT_CPU, PPOConfig, ppo
 
@@ -71,16 +71,7 @@ def build(updates: int) -> dict:
 
 def measure(rows: dict, reps: int) -> tuple[dict, dict]:
     """(median seconds per call, fastest seconds per call) per row."""
-    times = {name: [] for name in rows}
-    order = list(rows)
-    rng = random.Random(0)
-    for _ in range(reps):
-        rng.shuffle(order)
-        for name in order:
-            call = rows[name][0]
-            t0 = time.perf_counter()
-            jax.block_until_ready(call())
-            times[name].append(time.perf_counter() - t0)
+    times = interleaved({name: row[0] for name, row in rows.items()}, reps)
     return (
         {n: statistics.median(ts) for n, ts in times.items()},
         {n: min(ts) for n, ts in times.items()},

@@ -31,8 +31,8 @@ The goals are judged on the medians.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import random
 import statistics
 import time
 import warnings
@@ -40,6 +40,7 @@ import warnings
 import jax
 import optax
 from flax import nnx
+from timing import interleaved  # benchmarks/timing.py
 
 from fp4lab import inject
 from fp4lab import telemetry as T
@@ -133,16 +134,11 @@ def measure(rows: dict, tokens, reps: int, warmup: int) -> tuple[dict, dict, dic
         for _ in range(warmup):
             jax.block_until_ready(step(model, opt, tokens))
         print(f"  compiled {name}: first call {first[name]:.1f} s", flush=True)
-    times = {name: [] for name in rows}
-    order = list(rows)
-    rng = random.Random(0)
-    for _ in range(reps):
-        rng.shuffle(order)  # no row always runs right after the same neighbour
-        for name in order:
-            step, model, opt = rows[name]
-            t0 = time.perf_counter()
-            jax.block_until_ready(step(model, opt, tokens))
-            times[name].append(time.perf_counter() - t0)
+    calls = {
+        name: functools.partial(step, model, opt, tokens)
+        for name, (step, model, opt) in rows.items()
+    }
+    times = interleaved(calls, reps)
     median = {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
     return first, median, {name: 1e3 * min(ts) for name, ts in times.items()}
 
