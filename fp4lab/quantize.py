@@ -327,23 +327,15 @@ def quantize(
     Returns:
       A QTensor; `.dequantize()` gives x_hat.
     """
-    if not isinstance(spec, QuantSpec):
-        raise ValueError(f"quantize needs a QuantSpec, got {type(spec).__name__}")
-    return _quantize(x, spec, key, transform_key, amax)[0]
-
-
-def _quantize(x, spec: QuantSpec, key, transform_key, amax) -> tuple[QTensor, S.Scaled]:
-    """`quantize`, also returning the scale rule's `Scaled` (the telemetry reads its map4)."""
     x = jnp.asarray(x)
     xb, scaled, scope, transform_key = _quantize_blocks(x, spec, key, transform_key, amax)
     fmt = F.get_format(spec.elem)
     if fmt.kind == "cast":
         codes = S.unblock(xb).astype(fmt.dtype)
-        q = QTensor(codes, scaled.scale, scaled.outer, transform_key, spec, x.shape, x.dtype)
-        return q, scaled
-    codes = F.encode(S.unblock(scaled.q), fmt)
-    outer = jnp.broadcast_to(scaled.outer, scope.shape) if scope is not None else scaled.outer
-    return QTensor(codes, scaled.scale, outer, transform_key, spec, x.shape, x.dtype), scaled
+    else:
+        codes = F.encode(S.unblock(scaled.q), fmt)
+    outer = _outer(scaled, scope)
+    return QTensor(codes, scaled.scale, outer, transform_key, spec, x.shape, x.dtype)
 
 
 def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
@@ -354,6 +346,8 @@ def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
     unit scales. `quantize` encodes the grid values; `quantize_dequantize` and the telemetry
     use them directly.
     """
+    if not isinstance(spec, QuantSpec):
+        raise ValueError(f"quantize needs a QuantSpec, got {type(spec).__name__}")
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"quantize needs a floating-point array, got {x.dtype}")
@@ -434,8 +428,6 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
     The same values as `quantize(...).dequantize(rotated=rotated)`, computed from the element
     grid values without encoding them to codes and decoding them back.
     """
-    if not isinstance(spec, QuantSpec):
-        raise ValueError(f"quantize needs a QuantSpec, got {type(spec).__name__}")
     x = jnp.asarray(x)
     xb, scaled, scope, transform_key = _quantize_blocks(x, spec, key, transform_key, amax)
     xhat_b = _dequantize_blocks(scaled, F.get_format(spec.elem), scope)
@@ -444,8 +436,12 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
 
 def _dequantize_blocks(scaled: S.Scaled, fmt: F.ElementFormat, scope) -> jax.Array:
     """x_hat in the blocked view: grid values * block scale * outer, as `QTensor.dequantize`."""
-    outer = jnp.broadcast_to(scaled.outer, scope.shape) if scope is not None else scaled.outer
-    return _grid_values(scaled.q, fmt) * scaled.scale * outer
+    return _grid_values(scaled.q, fmt) * scaled.scale * _outer(scaled, scope)
+
+
+def _outer(scaled: S.Scaled, scope) -> jax.Array:
+    """The outer scale, broadcast to the scope amax's shape (one per row or one per tensor)."""
+    return jnp.broadcast_to(scaled.outer, scope.shape) if scope is not None else scaled.outer
 
 
 @jax.custom_jvp

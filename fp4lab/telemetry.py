@@ -38,8 +38,7 @@ from flax import nnx
 
 from fp4lab import formats as F
 from fp4lab import scaling as S
-from fp4lab import transforms as T
-from fp4lab.quantize import QuantSpec, _prepare, _quantize
+from fp4lab.quantize import QuantSpec, _dequantize_blocks, _grid_values, _quantize_blocks, _restore
 
 __all__ = [
     "STATS",
@@ -78,15 +77,11 @@ def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None
     Returns (x_hat, stats): x_hat as `quantize(...).dequantize(rotated=True)` gives it, and a
     float32 vector with the entries of `STATS`.
     """
-    q, scaled = _quantize(a, spec, key, transform_key, amax)
-    xt = _prepare(a, spec)
-    if spec.transform is not None:
-        xt = T.rotate(xt, spec.transform, q.transform_key)
+    a = jnp.asarray(a)
+    xb, scaled, scope, transform_key = _quantize_blocks(a, spec, key, transform_key, amax)
     fmt = F.get_format(spec.elem)
-    tile = spec.tile if spec.tile is not None else (1, xt.shape[-1])
-    vals_b = S.block_view(q.values(), tile)
-    xb = S.block_view(xt, tile)
-    xhat_b = vals_b * q.scale * q.outer
+    vals_b = _grid_values(scaled.q, fmt)
+    xhat_b = _dequantize_blocks(scaled, fmt, scope)
     err = xhat_b - xb
     norm_x = jnp.sqrt(jnp.sum(xb * xb))
     rel = jnp.where(norm_x > 0, jnp.sqrt(jnp.sum(err * err)) / jnp.where(norm_x > 0, norm_x, 1), 0)
@@ -101,7 +96,8 @@ def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None
     underflow = jnp.mean(live & dead)
     map4 = jnp.float32(0.0) if scaled.map4 is None else jnp.mean(scaled.map4)
     stats = jnp.stack([rel, bias, flush, saturated, underflow, map4]).astype(jnp.float32)
-    return q.dequantize(rotated=True), stats
+    x_hat = _restore(S.unblock(xhat_b), spec, a.shape, a.dtype, transform_key, rotated=True)
+    return x_hat, stats
 
 
 # ---------------------------------------------------------------------------------------------
