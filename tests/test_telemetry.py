@@ -37,6 +37,28 @@ def test_statistics_are_exact_on_constructed_inputs():
     assert float(s[STAT["saturated"]]) == 0.0 and float(s[STAT["underflow"]]) == 0.0
 
 
+@pytest.mark.parametrize(
+    "spec, amax, cols",
+    [
+        (fl.nvfp4(), None, 64),
+        (fl.nvfp4(tile=(16, 16)), None, 64),
+        (fl.nvfp4(four_over_six="mae", transform=fl.Hadamard(16, "random")), None, 64),
+        (fl.nvfp4(scope="row", rounding="stochastic"), None, 64),
+        (fl.mxfp4(pad=True), None, 40),
+        (fl.fp8("e4m3"), 5.0, 64),
+        (fl.cast_spec("bf16"), None, 64),
+    ],
+)
+def test_x_hat_is_the_quantizers_own(spec, amax, cols):
+    # operand_stats works on the quantizer's blocks; its x_hat must be quantize's, bit for bit
+    x = 3.0 * jax.random.normal(jax.random.key(3), (16, cols))
+    x = x.at[1].set(0.0).at[2, 5].set(1e-30)  # an all-zero row and a value that flushes
+    kw = dict(key=jax.random.key(1), amax=None if amax is None else jnp.float32(amax))
+    x_hat, _ = T.operand_stats(x, spec, **kw)
+    expected = fl.quantize(x, spec, **kw).dequantize(rotated=True)
+    np.testing.assert_array_equal(x_hat, expected)
+
+
 def test_saturation_and_underflow_fractions():
     # FP8 E4M3 with a delayed (too small) amax: everything above 448 * amax/448 saturates
     spec = fl.fp8("e4m3")
