@@ -322,8 +322,8 @@ def quantize(
         `transform_key` is given.
       transform_key: key for random Hadamard signs (default: derived from `key`). Two GEMM
         operands rotated with the same transform key cancel exactly.
-      amax: optional amax of the outer scope (delayed scaling), broadcastable to the scope;
-        default: computed from x (current scaling).
+      amax: optional amax of the outer scope (delayed scaling): one value, or for a "row"
+        scope one per row; default: computed from x (current scaling).
     Returns:
       A QTensor; `.dequantize()` gives x_hat.
     """
@@ -389,10 +389,21 @@ def _grid_values(q: jax.Array, fmt: F.ElementFormat) -> jax.Array:
 
 
 def _scope_from(amax, xb, outer):
+    """A given scope amax in the shape of `S.scope_amax`: one value, or one per row ("row").
+
+    One value serves every row; otherwise there must be exactly one value per row, in the
+    rows' order (x with the quantized axis moved last and the others flattened).
+    """
     a = jnp.asarray(amax, jnp.float32)
-    if outer == "tensor":
-        return a.reshape((1,) * xb.ndim)
-    return a.reshape(*xb.shape[:-2], 1, 1)
+    shape = (1,) * xb.ndim if outer == "tensor" else (*xb.shape[:-2], 1, 1)
+    if a.size == 1:
+        return jnp.broadcast_to(a.reshape(()), shape)
+    if a.size != math.prod(shape):
+        raise ValueError(
+            f"amax has {a.size} values; the {outer!r} scope of this input takes 1"
+            + (f" or {math.prod(shape)} (one per row)" if outer == "row" else "")
+        )
+    return a.reshape(shape)
 
 
 def _scale(xb, scope, spec: QuantSpec, fmt, key, amax_b) -> S.Scaled:

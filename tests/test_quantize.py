@@ -224,6 +224,17 @@ def test_amax_argument_is_delayed_scaling():
         fq(jnp.asarray(x), fl.nvfp4(scope="row"), amax=jnp.asarray(rows)),
         fq(jnp.asarray(x), fl.nvfp4(scope="row")),
     )
+    # one value serves every row of a row scope; a count that fits neither is an error
+    one = fq(jnp.asarray(x), fl.nvfp4(scope="row"), amax=jnp.float32(a))
+    every = fq(jnp.asarray(x), fl.nvfp4(scope="row"), amax=jnp.full(rows.shape, a, jnp.float32))
+    np.testing.assert_array_equal(one, every)
+    n = len(rows)
+    with pytest.raises(ValueError, match=rf"amax has 3 values; the 'row' scope .* 1 or {n}"):
+        fq(jnp.asarray(x), fl.nvfp4(scope="row"), amax=jnp.ones(3))
+    with pytest.raises(
+        ValueError, match=r"amax has 3 values; the 'tensor' scope .* takes 1(?! or)"
+    ):
+        fq(jnp.asarray(x), fl.nvfp4(), amax=jnp.ones(3))
 
 
 def test_spec_none_is_identity():
