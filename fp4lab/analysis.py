@@ -300,8 +300,10 @@ def paired_difference(
             verdict = "too few pairs"
         else:
             verdict = "higher" if ci.lo > 0 else "lower" if ci.hi < 0 else "no evidence"
-        rows.append(key | dict(pairs=len(d), diff=ci.estimate, diff_lo=ci.lo, diff_hi=ci.hi))
-        rows[-1]["verdict"] = verdict
+        rows.append(
+            key
+            | dict(pairs=len(d), diff=ci.estimate, diff_lo=ci.lo, diff_hi=ci.hi, verdict=verdict)
+        )
     return pd.DataFrame(rows)
 
 
