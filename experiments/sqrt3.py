@@ -27,10 +27,9 @@ to 3.3-7.6 at once, with the backward in BF16 it stays at 1.0-1.2, so in this ML
 the quantized forward, not of the backward GEMMs, dominates the gradient's error.
 """
 
-import math
-
 from fp4lab import analysis as A
 from fp4lab.config import Config
+from fp4lab.telemetry import SQRT3
 
 SEEDS = 4
 
@@ -73,7 +72,7 @@ def analyze(results):
     wide = med.unstack("step")
     steps = [s for s in (0, 100, 400, 775, 800, 975) if s in wide.columns]
     gnr = wide[steps].rename(columns=lambda s: f"gnr@{s}")
-    under = wide < math.sqrt(3)  # a step whose gnr was not logged compares False
+    under = wide < SQRT3  # a step whose gnr was not logged compares False
     gnr["first_below_sqrt3"] = under.idxmax(axis=1).where(under.any(axis=1))
     loss = A.attach(A.scalar_metric(metrics, "loss"), runs)
     loss["steps"] = (loss["step"] // 100 * 100).astype(str) + "+"
