@@ -15,7 +15,7 @@ Measured (one block, 4 seeds, 95 % intervals): loss gap BF16 0.035 [0.029, 0.045
 0.044 [0.037, 0.052], MXFP4 0.047 [0.042, 0.055], NVFP4 with Wgrad in BF16 0.043 [0.035, 0.052];
 tokens to a 0.1-nat gap +25 to +27 % over BF16 for every FP4 recipe; no divergences; two
 blocks gave the same ordering. Time on an idle 2-core machine, README command (A) from a fresh
-clone, venv and install included: 3m39s wall (the sweep itself 2m15s).
+clone, venv and install included: 3m17s-3m39s wall (the sweep 1m52s-2m15s).
 """
 
 from fp4lab.config import Config
