@@ -9,7 +9,7 @@ seconds, the median compile seconds and the line count of the optimized HLO:
                       key argument), mxfp4, nvfp4 four-over-six (mae)
   qdot <recipe>       `jax.grad` (fwd + bwd) of one 256x64 @ 64x64 `qdot_general` under the
                       recipe, with the loss summing the output; "+telemetry" passes a probe
-                      (as fp4lab.inject does) and returns the forward and backward statistics
+                      (as fp4lab.nnx.op does) and returns the forward and backward statistics
   step <recipe>       one training step (fwd + bwd + adam) of the tiny Llama-style LM of
                       benchmarks/step.py --quick (2 blocks, 14 quantized linears, lm_head in
                       high precision), "+telemetry" with fp4lab.telemetry.value_and_grad
@@ -34,11 +34,10 @@ import optax
 from flax import nnx
 
 import fp4lab as fl
-from fp4lab import inject
-from fp4lab import telemetry as T
+from fp4lab.core.quantize import quantize_dequantize
 from fp4lab.models.transformer import Transformer, TransformerConfig
-from fp4lab.qdot import qdot_general
-from fp4lab.quantize import quantize_dequantize
+from fp4lab.nnx.rules import Rule, quantize_model
+from fp4lab.ops.dot_general import qdot_general
 
 DN = (((1,), (0,)), ((), ()))  # (M, K) @ (K, N)
 
@@ -65,7 +64,7 @@ def qdot_case(recipe: str, telemetry: bool):
             return jax.grad(loss, argnums=(0, 1))
 
         return make, (x, w, key)
-    probe = jnp.zeros((len(T.BWD_OPERANDS), len(T.STATS)), jnp.float32)
+    probe = jnp.zeros((len(telemetry.BWD_OPERANDS), len(telemetry.STATS)), jnp.float32)
 
     def make():
         def loss(x, w, probe, key):
@@ -83,8 +82,8 @@ def step_case(recipe: str, telemetry: bool):
     tokens = jax.random.randint(jax.random.key(1), (4, 33), 0, cfg.vocab)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     if recipe is not None:
-        rules = [inject.Rule(r".*lm_head.*", None), inject.Rule(r".*", recipe)]
-        inject.quantize_model(model, rules, key=jax.random.key(0), telemetry=telemetry)
+        rules = [Rule(r".*lm_head.*", None), Rule(r".*", recipe)]
+        quantize_model(model, rules, key=jax.random.key(0), telemetry=telemetry)
     opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
     graphdef, state = nnx.split((model, opt))
 
@@ -96,7 +95,7 @@ def step_case(recipe: str, telemetry: bool):
         def step(state, tokens):
             model, opt = nnx.merge(graphdef, state)
             if telemetry:
-                loss, grads, metrics = T.value_and_grad(loss_fn)(model, tokens)
+                loss, grads, metrics = telemetry.value_and_grad(loss_fn)(model, tokens)
             else:
                 (loss, grads), metrics = nnx.value_and_grad(loss_fn)(model, tokens), {}
             opt.update(model, grads)

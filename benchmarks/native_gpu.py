@@ -8,8 +8,8 @@ For each native kind
 
 and each size M = N = K (default 8192 and 4096), y = x . w with x (M, K), w (K, N) float32:
 
-  parity   fp4lab.backends.native_fprop(x, w, dn, spec, spec) against the simulated
-           fp4lab.qdot.qdot_general(x, w, dn, GemmRecipe(fprop_x=spec, fprop_w=spec)) with an
+  parity   fp4lab.ops.native.native_fprop(x, w, dn, spec, spec) against the simulated
+           fp4lab.qdot_general(x, w, dn, GemmRecipe(fprop_x=spec, fprop_w=spec)) with an
            FP32 (precision HIGHEST) GEMM: max |y_native - y_sim| / max |y_sim|, which should
            stay within FP32 accumulation order (1e-5): both multiply the same quantized operands
   time     native_fprop (quantize both operands + the native GEMM), the native GEMM alone on
@@ -19,11 +19,11 @@ and each size M = N = K (default 8192 and 4096), y = x . w with x (M, K), w (K, 
            block_until_ready, after compilation and warm-up calls; speedups are the other
            method's time over native_fprop's (> 1: native is faster)
 
-Kinds the device cannot run natively (fp4lab.backends.resolve says why) are listed as
+Kinds the device cannot run natively (fp4lab.ops.native.resolve says why) are listed as
 skipped, as are kinds whose native call fails to compile here (e.g. a jax or cuDNN without
 the kernel). On a CPU everything is skipped; `--cpu-check` instead checks the parity of the
 rest of the native path (quantization, layout, outer scales) at small shapes, with
-fp4lab.backends.reference_matmul standing in for the hardware GEMM.
+fp4lab.ops.native.reference_matmul standing in for the hardware GEMM.
 
     python benchmarks/native_gpu.py                    # on a Blackwell or Hopper GPU
     python benchmarks/native_gpu.py --sizes 4096 --reps 50
@@ -43,9 +43,10 @@ from jax import lax
 from timing import interleaved  # benchmarks/timing.py
 
 import fp4lab as fl
-from fp4lab import backends as B
-from fp4lab.qdot import Layout, qdot_general
-from fp4lab.recipes import GemmRecipe
+from fp4lab.core.recipes import GemmRecipe
+from fp4lab.ops import native as native_ops
+from fp4lab.ops.dot_general import qdot_general
+from fp4lab.ops.layout import DotLayout
 
 TOL = 1e-5  # FP32 accumulation order, relative to max |y|
 DN = (((1,), (0,)), ((), ()))  # x (M, K) . w (K, N)
@@ -70,14 +71,14 @@ def simulated(spec, dn, precision=None):
 
 
 def native(spec, dn, matmul=None):
-    return jax.jit(lambda x, w: B.native_fprop(x, w, dn, spec, spec, matmul=matmul))
+    return jax.jit(lambda x, w: native_ops.native_fprop(x, w, dn, spec, spec, matmul=matmul))
 
 
 def native_gemm_only(kind, spec, x, w, dn):
     """The native GEMM on operands quantized beforehand: (jitted fn, its arguments)."""
-    lay = Layout.of(x.shape, w.shape, dn)
-    a, sa, ga = B.to_native(fl.quantize(lay.lhs_to(x), spec.replace(axis=-1)))
-    b, sb, gb = B.to_native(fl.quantize(lay.rhs_to(w), spec.replace(axis=-1)))
+    lay = DotLayout.of(x.shape, w.shape, dn)
+    a, sa, ga = native_ops.to_native(fl.quantize(lay.lhs_to(x), spec.replace(axis=-1)))
+    b, sb, gb = native_ops.to_native(fl.quantize(lay.rhs_to(w), spec.replace(axis=-1)))
     if kind == "fp8":
 
         def f(a, b, sa, sb, g):
@@ -117,7 +118,7 @@ def supported(kinds, device) -> tuple[list[str], list[tuple[str, str]]]:
     for kind in kinds:
         spec = KINDS[kind]
         try:
-            B.resolve(spec, spec, "native", device)
+            native_ops.resolve(spec, spec, "native", device)
         except RuntimeError as e:
             skipped.append((kind, str(e)))
         else:
@@ -146,7 +147,7 @@ def cpu_check(kinds) -> bool:
             kx, kw = jax.random.split(jax.random.key(i))
             x = jax.random.normal(kx, xs, jnp.float32)
             w = jax.random.normal(kw, ws, jnp.float32)
-            y_nat = native(spec, dn, matmul=B.reference_matmul)(x, w)
+            y_nat = native(spec, dn, matmul=native_ops.reference_matmul)(x, w)
             y_sim = simulated(spec, dn, precision=lax.Precision.HIGHEST)(x, w)
             if y_nat.shape != y_sim.shape:
                 raise AssertionError(f"{kind} {label}: shapes {y_nat.shape} != {y_sim.shape}")
@@ -247,13 +248,13 @@ def main(argv=None) -> int:
     if any(s % 32 for s in sizes):
         p.error("--sizes must be multiples of 32 (MXFP8 blocks)")
 
-    dev = B.current_device()
+    dev = native_ops.current_device()
     print(
         f"device: {dev.platform} {dev.name} (compute capability {dev.compute_capability}), "
         f"jax {jax.__version__}"
     )
     if args.cpu_check:
-        print("cpu-check: native path with fp4lab.backends.reference_matmul as the GEMM")
+        print("cpu-check: native path with fp4lab.ops.native.reference_matmul as the GEMM")
         print()
         ok = cpu_check(kinds)
         print()

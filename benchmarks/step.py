@@ -42,9 +42,9 @@ import optax
 from flax import nnx
 from timing import interleaved  # benchmarks/timing.py
 
-from fp4lab import inject
-from fp4lab import telemetry as T
 from fp4lab.models.transformer import Transformer, TransformerConfig
+from fp4lab.nnx import telemetry
+from fp4lab.nnx.rules import Rule, quantize_model
 
 GOAL_NVFP4 = 1.5  # nvfp4 step at most this many times the fp32 step
 GOAL_TELEMETRY = 1.2  # telemetry at most this many times the same step without it
@@ -68,21 +68,21 @@ def plain_step(model, opt, tokens):
 
 
 def telemetry_step(model, opt, tokens):
-    loss, grads, metrics = T.value_and_grad(loss_fn)(model, tokens)
+    loss, grads, metrics = telemetry.value_and_grad(loss_fn)(model, tokens)
     opt.update(model, grads)
     return loss, metrics
 
 
 def shadow_step(model, opt, tokens):
-    loss, grads, metrics = T.value_and_grad(loss_fn)(model, tokens)
-    exact = T.exact_grads(loss_fn, model, tokens)
-    metrics = metrics | T.shadow_metrics(grads, exact)
+    loss, grads, metrics = telemetry.value_and_grad(loss_fn)(model, tokens)
+    exact = telemetry.exact_grads(loss_fn, model, tokens)
+    metrics = metrics | telemetry.shadow_metrics(grads, exact)
     opt.update(model, grads)
     return loss, metrics
 
 
 def rules(name: str) -> list:
-    return [inject.Rule(r".*lm_head.*", None), inject.Rule(r".*", name)]
+    return [Rule(r".*lm_head.*", None), Rule(r".*", name)]
 
 
 def qwix_model(qwix, cfg: TransformerConfig, tokens):
@@ -113,11 +113,11 @@ def build(cfg: TransformerConfig, tokens, qwix) -> dict:
     add("fp32", Transformer(cfg, rngs=nnx.Rngs(0)), plain_step)
     for name in RECIPES:
         model = Transformer(cfg, rngs=nnx.Rngs(0))
-        inject.quantize_model(model, rules(name), key=jax.random.key(0))
+        quantize_model(model, rules(name), key=jax.random.key(0))
         add(name, model, plain_step)
     for name, step in ((TELEMETRY, telemetry_step), (SHADOW, shadow_step)):
         model = Transformer(cfg, rngs=nnx.Rngs(0))
-        inject.quantize_model(model, rules("nvfp4"), key=jax.random.key(0), telemetry=True)
+        quantize_model(model, rules("nvfp4"), key=jax.random.key(0), telemetry=True)
         add(name, model, step)
     if qwix is not None:
         add(QWIX, qwix_model(qwix, cfg, tokens), plain_step)

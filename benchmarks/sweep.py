@@ -31,7 +31,7 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from fp4lab import sweep  # noqa: E402
-from fp4lab.config import Config  # noqa: E402
+from fp4lab.train.config import Config  # noqa: E402
 
 GOAL = 4.0
 SEEDS = [(i, i, i) for i in range(8)]
@@ -45,7 +45,7 @@ LM = dict(vocab=64, d_model=64, n_heads=4, n_layers=2, d_ff=128, seq_len=32, bat
 
 def compile_seconds(cfg: Config) -> float:
     """Seconds of the first compute_cell call (trace + compile + one call)."""
-    sweep._COMPILED.pop(cfg, None)
+    sweep.clear_cache(cfg)
     t0 = time.perf_counter()
     sweep.compute_cell(cfg.to_dict(), SEEDS[: cfg.seed_batch])
     return time.perf_counter() - t0

@@ -17,9 +17,10 @@ Statistics: rel_err = ||x_hat - x|| / ||x||; bias = mean(x_hat - x) / mean|x| (s
 symmetric data); shrink = mean(|x_hat| - |x|) / mean|x| (the magnitude bias of round to
 nearest); flush = share of nonzero inputs that become 0; worst = max |x_hat - x| / block max.
 
-Claims to test (PAPERS.md): E2M1 round to nearest with an ideal per-block scale shrinks
+Claims to test: E2M1 round to nearest with an ideal per-block scale shrinks
 magnitudes by about -0.7 % on Gaussian and -0.85 % on Laplace blocks, and stochastic rounding
-removes the bias but roughly doubles the error (own calculation in PAPERS.md §6); four-over-six
+removes the bias but roughly doubles the error (the project's own calculation, not a paper's
+number); four-over-six
 lowers the worst-case error from 1/6 to 1/8 of the block max (Cook et al. 2025). Expect the
 shrinkage near those values, SR's shrink ~0 with about twice the rel_err, and the four-over-six
 worst case on the adversarial sweep (blocks [M, v, 0, ...], v swept over [0, M]) at 1/8 = 0.125
@@ -38,7 +39,7 @@ import pandas as pd
 
 import fp4lab as fl
 from fp4lab import plots
-from fp4lab.quantize import QuantSpec
+from fp4lab.core.spec import QuantSpec
 
 OUT = Path(__file__).resolve().parent.parent / "results" / "formats"
 SHAPE = (4096, 256)

@@ -26,8 +26,8 @@ the outlier inputs (+100 % -> +77-81 %). The paper's ordering Fprop < +Dgrad < +
 reproduce at this scale.
 """
 
-from fp4lab import analysis as A
-from fp4lab.config import Config
+from fp4lab import analysis
+from fp4lab.train.config import Config
 
 SEEDS = 8
 
@@ -69,7 +69,7 @@ def sweep(add):
 
 def analyze(results):
     """overhead.csv: tokens to target, and the overhead against FP8 with the same inputs."""
-    baseline, match = A.default_baseline(results.runs)  # plain fp8, at the same outliers
-    t = A.tokens_to_target(results.runs, baseline=baseline, match=match)
+    baseline, match = analysis.default_baseline(results.runs)  # plain fp8, at the same outliers
+    t = analysis.tokens_to_target(results.runs, baseline=baseline, match=match)
     cols = ["cell", "n", "reached", "never", "tokens", "tokens_lo", "tokens_hi"]
     return {"overhead": t[cols + ["overhead", "overhead_lo", "overhead_hi"]]}

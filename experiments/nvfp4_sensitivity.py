@@ -28,8 +28,8 @@ here), also on Fprop +0.0018 [+0.0007, +0.0030], also on Dgrad +0.0036 [+0.0018,
 (both hurt a little, as in the paper).
 """
 
-from fp4lab import analysis as A
-from fp4lab.config import Config
+from fp4lab import analysis
+from fp4lab.train.config import Config
 
 SEEDS = 8
 
@@ -66,6 +66,6 @@ def analyze(results):
     share their seeds, so the seed-to-seed spread cancels); loss_gap.csv: the gap per cell."""
     runs = results.runs
     return {
-        "paired": A.paired_difference(runs, "recipe=nvfp4"),
-        "loss_gap": A.loss_gap(runs),
+        "paired": analysis.paired_difference(runs, "recipe=nvfp4"),
+        "loss_gap": analysis.loss_gap(runs),
     }

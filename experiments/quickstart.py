@@ -18,7 +18,7 @@ blocks gave the same ordering. Time on an idle 2-core machine, README command (A
 clone, venv and install included: 3m17s-3m39s wall (the sweep 1m52s-2m15s).
 """
 
-from fp4lab.config import Config
+from fp4lab.train.config import Config
 
 SEEDS = 4
 

@@ -25,8 +25,8 @@ gap, the quant stream -0.1 % [-0.2, 0.5] (no evidence), init 2 % and data 4 %. W
 did not lower NVFP4's gap (0.185 vs 0.186); nvfp4-rl did (0.162; BF16 0.144).
 """
 
-from fp4lab import analysis as A
-from fp4lab.config import Config
+from fp4lab import analysis
+from fp4lab.train.config import Config
 
 SEEDS = {"init": [0, 1, 2], "data": [0, 1, 2], "quant": [0, 1, 2]}
 
@@ -60,5 +60,5 @@ def analyze(results):
     """verdict.csv: which factor (the cell or a seed stream) the loss gap depends on;
     loss_gap.csv: the gap per cell."""
     runs = results.runs
-    verdict = A.verdict(runs, "loss_gap", ["cell"] + A.seed_factors(runs))
-    return {"verdict": verdict, "loss_gap": A.loss_gap(runs)}
+    verdict = analysis.verdict(runs, "loss_gap", ["cell"] + analysis.seed_factors(runs))
+    return {"verdict": verdict, "loss_gap": analysis.loss_gap(runs)}

@@ -61,8 +61,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 import fp4lab as fl
-from fp4lab import recipes as R
 from fp4lab.analysis import bootstrap_ci
+from fp4lab.core import recipes
 from fp4lab.models import TransformerConfig
 from fp4lab.rl import GRPOConfig, grpo
 
@@ -74,7 +74,7 @@ SEEDS = 4
 NVFP4_TOKEN = fl.GemmRecipe(
     fprop_x=fl.nvfp4(scope="row"), fprop_w=fl.nvfp4(), backward="dequantized", name="nvfp4"
 )
-NVFP4_46 = R.get("nvfp4-rl")  # per-token activations, four-over-six, dequantized backward
+NVFP4_46 = recipes.get("nvfp4-rl")  # per-token activations, four-over-six, dequantized backward
 NVFP4_46_TENSOR = NVFP4_46.replace(fprop_x=fl.nvfp4(four_over_six="mae"), name="per-tensor")
 QUANTIZED_BWD = NVFP4_46.replace(
     dgrad_dy=fl.nvfp4(),

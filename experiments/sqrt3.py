@@ -27,9 +27,9 @@ to 3.3-7.6 at once, with the backward in BF16 it stays at 1.0-1.2, so in this ML
 the quantized forward, not of the backward GEMMs, dominates the gradient's error.
 """
 
-from fp4lab import analysis as A
-from fp4lab.config import Config
-from fp4lab.telemetry import SQRT3
+from fp4lab import analysis
+from fp4lab.schema import SQRT3
+from fp4lab.train.config import Config
 
 SEEDS = 4
 
@@ -66,7 +66,7 @@ def analyze(results):
     the first logged step below sqrt(3); loss.csv: the mean training loss per 100 steps, and
     its ratio to BF16's over the same steps."""
     runs, metrics = results.runs, results.metrics
-    g = A.attach(A.grad_telemetry(metrics), runs)
+    g = analysis.attach(analysis.grad_telemetry(metrics), runs)
     g = g[(g["stat"] == "gnr") & g["layer"].str.endswith("kernel")]
     med = g.groupby(["cell", "layer", "step"], sort=False)["value"].median()
     wide = med.unstack("step")
@@ -74,7 +74,7 @@ def analyze(results):
     gnr = wide[steps].rename(columns=lambda s: f"gnr@{s}")
     under = wide < SQRT3  # a step whose gnr was not logged compares False
     gnr["first_below_sqrt3"] = under.idxmax(axis=1).where(under.any(axis=1))
-    loss = A.attach(A.scalar_metric(metrics, "loss"), runs)
+    loss = analysis.attach(analysis.scalar_metric(metrics, "loss"), runs)
     loss["steps"] = (loss["step"] // 100 * 100).astype(str) + "+"
     table = loss.groupby(["cell", "steps"], sort=False)["value"].mean().unstack("steps")
     ratio = (table / table.loc["recipe=bf16"]).add_prefix("vs bf16 ")

@@ -1,82 +1,71 @@
 """fp4lab: numerical-stability research on 4-bit (FP4) training, in JAX.
 
-The public API, re-exported; nothing is defined here.
+The core public API. Nothing is imported with the package itself: each name below is loaded
+from its layer on first use (docs/architecture.md §1), so `import fp4lab` and `fp4lab --help`
+stay fast and a worker process loads only what it runs.
+
+    formats and tensors   QuantSpec, nvfp4, mxfp4, mxfp8, fp8, cast_spec, Hadamard, QTensor,
+                          quantize, quantize_dequantize, fake_quant, format_names, get_format
+    GEMMs                 GemmRecipe, recipes (get, names, doc), qdot_general,
+                          qconv_general_dilated
+    models                Rule, quantize_model, describe, unquantize, telemetry
+    runs                  Config, make_keys, make_train, train, sweep, load
+    analysis              analysis (plots and report are its submodules)
 """
 
-from fp4lab import (
-    analysis,
-    backends,
-    formats,
-    plots,
-    recipes,
-    report,
-    scaling,
-    store,
-    sweep,
-    telemetry,
-    train,
-    transforms,
-)
-from fp4lab.config import Config
-from fp4lab.formats import format_names, get_format
-from fp4lab.inject import Rule, describe, quantize_model, unquantize
-from fp4lab.qconv import qconv_general_dilated
-from fp4lab.qdot import qdot_general
-from fp4lab.quantize import (
-    QTensor,
-    QuantSpec,
-    cast_spec,
-    fake_quant,
-    fp8,
-    mxfp4,
-    mxfp8,
-    nvfp4,
-    quantize,
-    quantize_dequantize,
-)
-from fp4lab.recipes import GemmRecipe
-from fp4lab.store import load
-from fp4lab.train import make_keys, make_train
-from fp4lab.transforms import Hadamard
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Config",
-    "GemmRecipe",
-    "Hadamard",
-    "QTensor",
-    "QuantSpec",
-    "Rule",
-    "__version__",
-    "analysis",
-    "backends",
-    "cast_spec",
-    "describe",
-    "fake_quant",
-    "format_names",
-    "formats",
-    "fp8",
-    "get_format",
-    "load",
-    "make_keys",
-    "make_train",
-    "mxfp4",
-    "mxfp8",
-    "nvfp4",
-    "plots",
-    "qconv_general_dilated",
-    "qdot_general",
-    "quantize",
-    "quantize_dequantize",
-    "quantize_model",
-    "recipes",
-    "report",
-    "scaling",
-    "store",
-    "sweep",
-    "telemetry",
-    "train",
-    "transforms",
-    "unquantize",
-]
+# public name -> (module, attribute); attribute None: the module itself
+_API = {
+    "QuantSpec": ("fp4lab.core.spec", "QuantSpec"),
+    "nvfp4": ("fp4lab.core.spec", "nvfp4"),
+    "mxfp4": ("fp4lab.core.spec", "mxfp4"),
+    "mxfp8": ("fp4lab.core.spec", "mxfp8"),
+    "fp8": ("fp4lab.core.spec", "fp8"),
+    "cast_spec": ("fp4lab.core.spec", "cast_spec"),
+    "Hadamard": ("fp4lab.core.hadamard", "Hadamard"),
+    "QTensor": ("fp4lab.core.quantize", "QTensor"),
+    "quantize": ("fp4lab.core.quantize", "quantize"),
+    "quantize_dequantize": ("fp4lab.core.quantize", "quantize_dequantize"),
+    "fake_quant": ("fp4lab.core.quantize", "fake_quant"),
+    "format_names": ("fp4lab.core.formats", "format_names"),
+    "get_format": ("fp4lab.core.formats", "get_format"),
+    "formats": ("fp4lab.core.formats", None),
+    "GemmRecipe": ("fp4lab.core.recipes", "GemmRecipe"),
+    "recipes": ("fp4lab.core.recipes", None),
+    "qdot_general": ("fp4lab.ops.dot_general", "qdot_general"),
+    "qconv_general_dilated": ("fp4lab.ops.conv", "qconv_general_dilated"),
+    "Rule": ("fp4lab.nnx.rules", "Rule"),
+    "quantize_model": ("fp4lab.nnx.rules", "quantize_model"),
+    "describe": ("fp4lab.nnx.rules", "describe"),
+    "unquantize": ("fp4lab.nnx.rules", "unquantize"),
+    "telemetry": ("fp4lab.nnx.telemetry", None),
+    "Config": ("fp4lab.train.config", "Config"),
+    "make_keys": ("fp4lab.train.trainer", "make_keys"),
+    "make_train": ("fp4lab.train.trainer", "make_train"),
+    "train": ("fp4lab.train", None),
+    "sweep": ("fp4lab.sweep", None),
+    "load": ("fp4lab.sweep.store", "load"),
+    "analysis": ("fp4lab.analysis", None),
+    "models": ("fp4lab.models", None),
+    "data": ("fp4lab.data", None),
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'fp4lab' has no attribute {name!r}")
+    module, attr = _API[name]
+    value = importlib.import_module(module)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_API])

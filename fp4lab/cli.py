@@ -21,8 +21,10 @@ import fp4lab
 
 
 def _formats(_args) -> int:
+    from fp4lab.core import formats
+
     print(f"fp4lab {fp4lab.__version__}")
-    print("element formats:", ", ".join(fp4lab.format_names()))
+    print("element formats:", ", ".join(formats.format_names()))
     return 0
 
 
@@ -39,10 +41,11 @@ def _load_experiment(args):
 
 
 def _run(args) -> int:
-    from fp4lab import store, sweep
+    from fp4lab import sweep
+    from fp4lab.sweep import store
 
     if args.executor == "ray" and not args.dry_run:
-        from fp4lab import ray_executor
+        from fp4lab.sweep import ray as ray_executor
 
         ray_executor.import_ray()  # a missing Ray is reported before anything runs
     exp = _load_experiment(args)
@@ -78,7 +81,7 @@ def _run(args) -> int:
     if exp.analyze is not None and not results.runs.empty:
         analyze_failed = _analyze(exp, results, out)
     if not args.no_figures and not results.runs.empty:
-        from fp4lab import plots
+        from fp4lab.analysis import plots
 
         written = plots.standard_figures(results, out / "figures")
         heat = [p for p in written if p.name.startswith("heatmap_rel_err")]
@@ -114,7 +117,7 @@ def _analyze(exp, results, out: Path) -> bool:
 def _print_summary(results, name: str) -> None:
     import pandas as pd
 
-    from fp4lab import report
+    from fp4lab.analysis import report
 
     if results.runs.empty:
         print("no finished runs")
@@ -125,7 +128,7 @@ def _print_summary(results, name: str) -> None:
 
 
 def _ls(args) -> int:
-    from fp4lab import store
+    from fp4lab.sweep import store
 
     path = Path(args.results)
     folders = [path] if (path / "runs").exists() else sorted(p.parent for p in path.glob("*/runs"))
@@ -155,7 +158,7 @@ def _cells_of(records) -> list[dict]:
 
 
 def _show(args) -> int:
-    from fp4lab import store
+    from fp4lab.sweep import store
 
     results = store.load(args.results)
     _print_summary(results, (results.experiment or {}).get("name", Path(args.results).name))
@@ -163,7 +166,8 @@ def _show(args) -> int:
 
 
 def _plot(args) -> int:
-    from fp4lab import plots, store
+    from fp4lab.analysis import plots
+    from fp4lab.sweep import store
 
     out = Path(args.out) if args.out else Path(args.results) / "figures"
     for path in plots.standard_figures(store.load(args.results), out):
@@ -172,7 +176,8 @@ def _plot(args) -> int:
 
 
 def _report(args) -> int:
-    from fp4lab import report, store
+    from fp4lab.analysis import report
+    from fp4lab.sweep import store
 
     print(report.write_report(store.load(args.results), args.out or args.results))
     return 0
@@ -220,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         return _formats(args)
-    from fp4lab.config import ConfigError
-    from fp4lab.ray_executor import RayNotInstalled
-    from fp4lab.sweep import ExperimentError
+    from fp4lab.sweep.experiment import ExperimentError
+    from fp4lab.sweep.ray import RayNotInstalled
+    from fp4lab.train.config import ConfigError
 
     try:
         return args.func(args)

@@ -14,26 +14,30 @@ import optax
 import pandas as pd
 from flax import nnx
 
-import fp4lab as fl
-from fp4lab import telemetry as T
+from fp4lab.analysis import to_frame
+from fp4lab.core.hadamard import Hadamard
+from fp4lab.core.spec import cast_spec, fp8, mxfp4, mxfp8, nvfp4
+from fp4lab.core.stats import operand_stats
 from fp4lab.data import MarkovLM
-from fp4lab.inject import Rule, describe, quantize_model
 from fp4lab.models import Transformer, TransformerConfig
+from fp4lab.nnx import telemetry
+from fp4lab.nnx.rules import Rule, describe, quantize_model
+from fp4lab.schema import STATS
 
 FORMATS = {
-    "nvfp4": fl.nvfp4(),
-    "nvfp4 16x16": fl.nvfp4(tile=(16, 16)),
-    "nvfp4 row": fl.nvfp4(scope="row"),
-    "nvfp4 4/6 mae": fl.nvfp4(four_over_six="mae"),
-    "nvfp4 jax": fl.nvfp4(convention="jax"),
-    "nvfp4 +H16": fl.nvfp4(transform=fl.Hadamard(16)),
-    "mxfp4 floor": fl.mxfp4(),
-    "mxfp4 ceil": fl.mxfp4(scale_rounding="ceil"),
-    "mxfp4 +H32": fl.mxfp4(transform=fl.Hadamard(32)),
-    "mxfp8": fl.mxfp8(),
-    "fp8 e4m3": fl.fp8("e4m3"),
-    "fp8 e5m2": fl.fp8("e5m2"),
-    "bf16": fl.cast_spec("bf16"),
+    "nvfp4": nvfp4(),
+    "nvfp4 16x16": nvfp4(tile=(16, 16)),
+    "nvfp4 row": nvfp4(scope="row"),
+    "nvfp4 4/6 mae": nvfp4(four_over_six="mae"),
+    "nvfp4 jax": nvfp4(convention="jax"),
+    "nvfp4 +H16": nvfp4(transform=Hadamard(16)),
+    "mxfp4 floor": mxfp4(),
+    "mxfp4 ceil": mxfp4(scale_rounding="ceil"),
+    "mxfp4 +H32": mxfp4(transform=Hadamard(32)),
+    "mxfp8": mxfp8(),
+    "fp8 e4m3": fp8("e4m3"),
+    "fp8 e5m2": fp8("e5m2"),
+    "bf16": cast_spec("bf16"),
 }
 
 
@@ -44,10 +48,10 @@ def format_table(shape=(256, 1024), seed: int = 0) -> pd.DataFrame:
     rows = []
     for fmt_name, spec in FORMATS.items():
         for data_name, x in data.items():
-            _, s = T.operand_stats(x, spec)
+            _, s = operand_stats(x, spec)
             rows.append(
                 {"format": fmt_name, "data": data_name}
-                | {k: float(v) for k, v in zip(T.STATS, s, strict=True)}
+                | {k: float(v) for k, v in zip(STATS, s, strict=True)}
             )
     return pd.DataFrame(rows)
 
@@ -69,7 +73,7 @@ def model_tour(steps: int = 3, seed: int = 0):
 
     @nnx.jit
     def step(model, opt, tokens):
-        loss, grads, metrics = T.value_and_grad(_lm_loss)(model, tokens)
+        loss, grads, metrics = telemetry.value_and_grad(_lm_loss)(model, tokens)
         opt.update(model, grads)
         return loss, metrics
 
@@ -78,7 +82,7 @@ def model_tour(steps: int = 3, seed: int = 0):
         tokens = lang.sample(jax.random.fold_in(jax.random.key(seed), i), 16, 32)
         loss, metrics = step(model, opt, tokens)
         losses.append(float(loss))
-        frames.append(T.to_frame(metrics, step=i))
+        frames.append(to_frame(metrics, step=i))
     return table, pd.concat(frames, ignore_index=True), losses
 
 

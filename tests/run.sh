@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The test command: lint, the test suite (CPU only), then the native-path parity tests in a
-# Python 3.12 environment with jax >= 0.11 when one can be made (skipped, saying so, otherwise).
+# The test command: lint, the layers contract, the test suite (CPU only), then the native-path
+# parity tests in a Python 3.12 environment with jax >= 0.11 when one can be made (skipped,
+# saying so, otherwise). Arguments go to pytest, e.g. `bash tests/run.sh -m "not slow"`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 "$PY" -m ruff format --check fp4lab tests benchmarks experiments || exit 1
 "$PY" -m ruff check fp4lab tests benchmarks experiments || exit 1
+"$(dirname "$PY")/lint-imports" --no-cache || exit 1
 "$PY" -m pytest -n 2 --dist loadfile "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi

@@ -15,10 +15,11 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from nbclient import NotebookClient
 
-from fp4lab import cli
-from fp4lab import plots as P
-from fp4lab import store as S
-from fp4lab import sweep as SW
+from fp4lab import cli, sweep
+from fp4lab.analysis import plots
+from fp4lab.sweep import store
+
+pytestmark = pytest.mark.slow  # notebooks run in a kernel
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = ("gradient_flow_heatmap", "randomness_vs_error", "formats_tour", "rl_mismatch")
@@ -94,7 +95,7 @@ def test_report_cli_writes_every_figure(tmp_path):
     """`fp4lab report RESULTS` on a real (tiny) sweep embeds each standard figure once."""
     path = tmp_path / "tiny.py"
     path.write_text(
-        "from fp4lab.config import Config\n\n"
+        "from fp4lab.train.config import Config\n\n"
         "SEEDS = 2\n\n"
         "def get_config():\n"
         "    return Config(task='teacher', din=32, dout=32, teacher_hidden=(32,), hidden=(32,),\n"
@@ -105,8 +106,8 @@ def test_report_cli_writes_every_figure(tmp_path):
         "    add(recipe='mxfp4')\n"
     )
     out = tmp_path / "results"
-    SW.run_experiment(SW.load_experiment(path), out, progress=False)
-    names = [name for name, _ in P.iter_figures(S.load(out))]
+    sweep.run_experiment(sweep.load_experiment(path), out, progress=False)
+    names = [name for name, _ in plots.iter_figures(store.load(out))]
     for expected in ("loss_curves", "divergence_rate", "loss_gap", "tokens_to_target", "overhead"):
         assert expected in names
     assert any(n.startswith("heatmap_rel_err") for n in names)

@@ -37,8 +37,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from fp4lab import recipes as R
-from fp4lab.inject import Rule
+from fp4lab import schema
+from fp4lab.core import recipes
+from fp4lab.nnx.rules import Rule
 
 __all__ = [
     "Keys",
@@ -58,7 +59,7 @@ __all__ = [
 # a seed axis was vmapped in: elemental emitters instead of the fusion emitters, no YNNPACK fusions.
 EXACT_CPU = {"xla_cpu_use_fusion_emitters": False, "xla_cpu_experimental_ynn_fusion_type": ""}
 
-_SPECS = tuple(f"{g}_{o}" for g in R.GEMMS for o in R.OPERANDS[g])
+_SPECS = schema.OPERAND_NAMES
 
 
 class Keys(NamedTuple):
@@ -66,7 +67,7 @@ class Keys(NamedTuple):
 
     init: jax.Array  # parameter initialization
     data: jax.Array  # environments / prompts, action and token sampling, minibatch order
-    quant: jax.Array  # stochastic rounding and random Hadamard signs (fp4lab.inject)
+    quant: jax.Array  # stochastic rounding and random Hadamard signs (fp4lab.nnx.op)
 
 
 def as_keys(key_or_keys: jax.Array | Keys | Mapping[str, jax.Array]) -> Keys:
@@ -83,12 +84,12 @@ def as_keys(key_or_keys: jax.Array | Keys | Mapping[str, jax.Array]) -> Keys:
 def check_recipe(owner: str, field: str, value: Any) -> None:
     """Raises a ValueError naming `owner.field` unless `value` is a recipe name, a GemmRecipe
     or None."""
-    if value is None or isinstance(value, R.GemmRecipe):
+    if value is None or isinstance(value, recipes.GemmRecipe):
         return
-    if not isinstance(value, str) or value not in R.names():
+    if not isinstance(value, str) or value not in recipes.names():
         raise ValueError(
             f"{owner}.{field}={value!r}; allowed: a GemmRecipe, None or one of "
-            f"{', '.join(R.names())}"
+            f"{', '.join(recipes.names())}"
         )
 
 
@@ -98,7 +99,7 @@ def check_rules(owner: str, field: str, value: Any) -> None:
         raise ValueError(f"{owner}.{field}={value!r}; allowed: a tuple of fp4lab.Rule")
 
 
-def _padded(recipe: R.GemmRecipe | None) -> R.GemmRecipe | None:
+def _padded(recipe: recipes.GemmRecipe | None) -> recipes.GemmRecipe | None:
     if recipe is None:
         return None
     specs = {f: getattr(recipe, f) for f in _SPECS if getattr(recipe, f) is not None}
@@ -106,7 +107,7 @@ def _padded(recipe: R.GemmRecipe | None) -> R.GemmRecipe | None:
 
 
 def build_rules(
-    recipe: R.GemmRecipe | str | None,
+    recipe: recipes.GemmRecipe | str | None,
     rules: tuple[Rule, ...] = (),
     *,
     backward: str | None = None,
@@ -123,7 +124,7 @@ def build_rules(
     """
     out = []
     for rule in (*rules, Rule(r".*", recipe)):
-        r = R.get(rule.recipe)
+        r = recipes.get(rule.recipe)
         if r is not None and backward is not None:
             r = r.replace(backward=backward)
         if r is not None and pad:

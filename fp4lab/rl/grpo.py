@@ -46,9 +46,10 @@ import optax
 import rlax
 from flax import nnx
 
-from fp4lab import recipes as R
-from fp4lab.inject import Rule, quantize_model
+from fp4lab import schema
+from fp4lab.core import recipes
 from fp4lab.models.transformer import Transformer, TransformerConfig
+from fp4lab.nnx.rules import Rule, quantize_model
 from fp4lab.rl import common as C
 
 __all__ = [
@@ -95,13 +96,17 @@ class GRPOConfig:
     tis_cap: float | None = None  # truncated importance sampling cap C (None: off)
     spike_factor: float = 5.0  # a gradient-norm spike: norm > factor x running median
     spike_window: int = 32  # updates in the running median
-    sampler_recipe: R.GemmRecipe | str | None = "fp32"  # rollout GEMMs no sampler rule matches
+    sampler_recipe: recipes.GemmRecipe | str | None = (
+        "fp32"  # rollout GEMMs no sampler rule matches
+    )
     sampler_rules: tuple[Rule, ...] = ()  # rollout exceptions, first match wins
-    trainer_recipe: R.GemmRecipe | str | None = "fp32"  # training GEMMs no trainer rule matches
+    trainer_recipe: recipes.GemmRecipe | str | None = (
+        "fp32"  # training GEMMs no trainer rule matches
+    )
     trainer_rules: tuple[Rule, ...] = ()  # training exceptions, first match wins
     backward: str | None = None  # replaces the trainer recipes' backward mode (None: keep)
     pad: bool = True  # zero-pad dims block tiles do not divide instead of raising
-    backend: str = "simulated"  # fp4lab.backends: "simulated" | "native" | "auto"
+    backend: str = "simulated"  # fp4lab.ops.native: "simulated" | "native" | "auto"
 
     def __post_init__(self):
         name = type(self).__name__
@@ -148,14 +153,8 @@ class GRPOConfig:
             C.check_recipe(name, field, getattr(self, field))
         for field in ("sampler_rules", "trainer_rules"):
             C.check_rules(name, field, getattr(self, field))
-        if self.backward is not None and self.backward not in R.BACKWARD_MODES:
-            raise ValueError(
-                f"{name}.backward={self.backward!r}; allowed: None, {', '.join(R.BACKWARD_MODES)}"
-            )
-        if self.backend not in ("simulated", "native", "auto"):
-            raise ValueError(
-                f"{name}.backend={self.backend!r}; allowed: 'simulated', 'native', 'auto'"
-            )
+        schema.check_choice(name, "backward", self.backward, (None, *schema.BACKWARD_MODES))
+        schema.check_choice(name, "backend", self.backend, schema.BACKENDS)
 
     @property
     def answer_len(self) -> int:

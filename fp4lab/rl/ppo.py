@@ -39,9 +39,10 @@ import optax
 import rlax
 from flax import nnx
 
-from fp4lab import recipes as R
-from fp4lab.inject import Rule, quantize_model
+from fp4lab import schema
+from fp4lab.core import recipes
 from fp4lab.models.policy import ActorCritic
+from fp4lab.nnx.rules import Rule, quantize_model
 from fp4lab.rl import common as C
 
 __all__ = [
@@ -56,7 +57,6 @@ __all__ = [
 ]
 
 ENVS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0")  # gymnax, discrete actions
-BACKENDS = ("simulated", "native", "auto")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,10 +78,10 @@ class PPOConfig:
     lr: float = 2.5e-4  # Adam learning rate
     anneal_lr: bool = True  # linear decay to 0 over training
     hidden: tuple[int, ...] = (64, 64)  # torso widths of actor and critic
-    recipe: R.GemmRecipe | str | None = "fp32"  # every GEMM no rule below matches
+    recipe: recipes.GemmRecipe | str | None = "fp32"  # every GEMM no rule below matches
     rules: tuple[Rule, ...] = ()  # per-layer exceptions, tried first; first match wins
     pad: bool = True  # zero-pad dims block tiles do not divide (4 observations, 2 actions)
-    backend: str = "simulated"  # fp4lab.backends: "simulated" | "native" | "auto"
+    backend: str = "simulated"  # fp4lab.ops.native: "simulated" | "native" | "auto"
     max_episode_steps: int | None = None  # time limit (truncation); None: the env's own
 
     def __post_init__(self):
@@ -121,8 +121,7 @@ class PPOConfig:
         object.__setattr__(self, "hidden", hidden)
         C.check_recipe(name, "recipe", self.recipe)
         C.check_rules(name, "rules", self.rules)
-        if self.backend not in BACKENDS:
-            raise ValueError(f"{name}.backend={self.backend!r}; allowed: {', '.join(BACKENDS)}")
+        schema.check_choice(name, "backend", self.backend, schema.BACKENDS)
         limit = self.max_episode_steps
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise ValueError(f"{name}.max_episode_steps={limit!r}; allowed: None or an int >= 1")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import fp4lab as fl
-from fp4lab import backends as B
-from fp4lab import recipes as R
-from fp4lab.qdot import qdot_general
+from fp4lab.core import recipes
+from fp4lab.ops import native
+from fp4lab.ops.dot_general import qdot_general
 
 
 def _lowers() -> bool:
@@ -36,8 +36,8 @@ DN = (((2,), (0,)), ((), ()))
 def test_native_matmul_matches_the_simulator(spec):
     x = jax.random.normal(jax.random.key(0), (2, 32, 128))
     w = jax.random.normal(jax.random.key(1), (128, 64))
-    y_nat = B.native_fprop(x, w, DN, spec, spec)
-    y_sim = qdot_general(x, w, DN, R.GemmRecipe(fprop_x=spec, fprop_w=spec))
+    y_nat = native.native_fprop(x, w, DN, spec, spec)
+    y_sim = qdot_general(x, w, DN, recipes.GemmRecipe(fprop_x=spec, fprop_w=spec))
     scale = float(jnp.abs(y_sim).max())
     np.testing.assert_allclose(y_nat, y_sim, rtol=1e-5, atol=1e-5 * scale)
 
@@ -51,6 +51,6 @@ def test_jax_scaled_dot_general_matches_the_simulator_with_the_same_global_scale
     dn = (((1,), (1,)), ((), ()))
     y_jax = jax.nn.scaled_dot_general(x, w, dn, configs=cfg)
     spec = fl.nvfp4(convention="jax")
-    y_sim = qdot_general(x, w, dn, R.GemmRecipe(fprop_x=spec, fprop_w=spec))
+    y_sim = qdot_general(x, w, dn, recipes.GemmRecipe(fprop_x=spec, fprop_w=spec))
     scale = float(jnp.abs(y_sim).max())
     np.testing.assert_allclose(y_jax, y_sim, rtol=1e-5, atol=1e-5 * scale)

@@ -1,0 +1,66 @@
+"""Analysis of results: pandas, matplotlib and seaborn only; depends on `fp4lab.schema` alone.
+
+frames      the runs and metrics tables; to_frame and the parsing of telemetry keys
+intervals   Wilson and bootstrap intervals
+tables      per-cell tables: divergence rate, loss gap, paired differences, tokens to target
+factors     which factors matter: variance shares and the verdict table
+plots       figures (imported on first use: `fp4lab.analysis.plots`)
+report      the HTML report of a results folder (`fp4lab.analysis.report`)
+"""
+
+from fp4lab.analysis.factors import design_factors, seed_factors, variance_decomposition, verdict
+from fp4lab.analysis.frames import (
+    IDENTITY,
+    SEEDS,
+    SUMMARIES,
+    attach,
+    grad_telemetry,
+    layer_order,
+    ok_runs,
+    quant_telemetry,
+    scalar_metric,
+    to_frame,
+)
+from fp4lab.analysis.intervals import (
+    Interval,
+    bootstrap_ci,
+    percentile_interval,
+    ratio_ci,
+    wilson_interval,
+)
+from fp4lab.analysis.tables import (
+    BASELINE_RECIPES,
+    default_baseline,
+    divergence_rate,
+    loss_gap,
+    paired_difference,
+    tokens_to_target,
+)
+
+__all__ = [
+    "BASELINE_RECIPES",
+    "IDENTITY",
+    "Interval",
+    "SEEDS",
+    "SUMMARIES",
+    "attach",
+    "bootstrap_ci",
+    "default_baseline",
+    "design_factors",
+    "divergence_rate",
+    "grad_telemetry",
+    "layer_order",
+    "loss_gap",
+    "ok_runs",
+    "paired_difference",
+    "percentile_interval",
+    "quant_telemetry",
+    "ratio_ci",
+    "scalar_metric",
+    "seed_factors",
+    "tokens_to_target",
+    "to_frame",
+    "variance_decomposition",
+    "verdict",
+    "wilson_interval",
+]

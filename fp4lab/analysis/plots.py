@@ -1,0 +1,498 @@
+"""Figures of a sweep, from the results store's tables only (matplotlib + seaborn).
+
+Every function takes DataFrames and returns a `matplotlib.figure.Figure` drawn on an Agg
+canvas, without pyplot: nothing global changes, nothing needs closing, and the same figure
+saves to PNG, embeds in the HTML report or shows in a notebook. Styling is seaborn's
+"whitegrid" in the "paper" context, the colour-blind palette, and line styles that stay apart
+in greyscale print.
+
+    gradient_flow_heatmap   layer x step of a telemetry statistic, one panel per GEMM operand
+    loss_curves             median over seeds per cell, with a min-max or interquartile band
+    ladder                  horizontal bars with intervals (overhead, rates, shares)
+    gnr_curves              gradient-to-noise ratio per layer over steps, with the sqrt(3) line
+    format_staircase        error against input scale, one line per format
+    standard_figures        the standard set for a results object, written as PNGs
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib import colors as mcolors
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import PercentFormatter
+
+from fp4lab.analysis import factors, frames, tables
+from fp4lab.schema import GEMMS, GRAD_STATS, OPERANDS, SQRT3
+
+SIGNED = ("bias",)  # drawn with a diverging map centred at 0
+DPI = 150
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _styled(fn):
+    """Runs a figure function under the package style (the style is read while drawing)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with sns.axes_style("whitegrid"), sns.plotting_context("paper", font_scale=1.15):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _finite(values: pd.Series) -> pd.Series:
+    """inf (e.g. a gradient-to-noise ratio without noise) -> NaN, so it is left out, not drawn."""
+    return values.astype(np.float64).replace([np.inf, -np.inf], np.nan)
+
+
+def _edges(centres: np.ndarray) -> np.ndarray:
+    """Cell edges around sorted centres (logged steps need not be evenly spaced)."""
+    if len(centres) == 1:
+        return np.array([centres[0] - 0.5, centres[0] + 0.5])
+    mid = (centres[1:] + centres[:-1]) / 2
+    return np.concatenate([[2 * centres[0] - mid[0]], mid, [2 * centres[-1] - mid[-1]]])
+
+
+def _select(frame: pd.DataFrame, runs: pd.DataFrame | None, cell: str | None) -> pd.DataFrame:
+    if cell is None:
+        return frame
+    if runs is None:
+        raise ValueError("selecting a cell needs the runs table (runs=...)")
+    return frame[frame["run_id"].isin(runs.loc[runs["cell"] == cell, "run_id"])]
+
+
+@_styled
+def gradient_flow_heatmap(
+    metrics: pd.DataFrame,
+    stat: str = "rel_err",
+    *,
+    runs: pd.DataFrame | None = None,
+    cell: str | None = None,
+    agg: str = "median",
+) -> Figure:
+    """Where quantization error enters: a telemetry statistic by layer (rows) and step (columns).
+
+    Quantizer statistics (rel_err, bias, flush, saturated, underflow, map4) get one panel per
+    GEMM operand: GEMMs as columns (fprop, dgrad, wgrad), their two operands as rows, one
+    shared colour scale. Shadow-gradient statistics (cos, rel_norm, gnr, below_sqrt3) get one
+    panel. Values are aggregated over the selected runs (`agg`, the median over seeds by default);
+    signed statistics use a diverging map centred at 0; missing or infinite values are grey.
+
+    Args:
+      metrics: the long metrics table. stat: the statistic to draw.
+      runs, cell: draw only the runs of this cell (needs the runs table). agg: a pandas reduction.
+    Returns:
+      The figure. Raises ValueError when the metrics hold no such statistic.
+    """
+    grad = stat in GRAD_STATS
+    tele = frames.grad_telemetry(metrics) if grad else frames.quant_telemetry(metrics)
+    tele = _select(tele[tele["stat"] == stat], runs, cell)
+    if tele.empty:
+        raise ValueError(f"no telemetry for statistic {stat!r}")
+    if grad:
+        tele = tele.assign(gemm="shadow gradient", operand="")
+        panels = [[("shadow gradient", "")]]
+    else:
+        have = set(zip(tele["gemm"], tele["operand"], strict=True))
+        gemms = [g for g in GEMMS if any((g, o) in have for o in OPERANDS[g])]
+        panels = [[(g, OPERANDS[g][i]) for g in gemms] for i in (0, 1)]
+    grid = tele.assign(value=_finite(tele["value"]))
+    grid = grid.groupby(["gemm", "operand", "layer", "step"])["value"].agg(agg).reset_index()
+    layers, steps = frames.layer_order(tele["layer"]), np.sort(tele["step"].unique())
+    finite = grid["value"].dropna()
+    if stat in SIGNED:
+        cmap = sns.color_palette("vlag", as_cmap=True)
+        norm = mcolors.CenteredNorm(
+            0.0, max(float(finite.abs().max()), 1e-12) if len(finite) else 1
+        )
+    else:
+        cmap = sns.color_palette("rocket_r", as_cmap=True)
+        lo, hi = (finite.min(), finite.max()) if len(finite) else (0.0, 1.0)
+        norm = mcolors.Normalize(lo, hi if hi > lo else lo + 1e-12)
+    cmap = cmap.with_extremes(bad="0.85")
+    nrows, ncols = len(panels), len(panels[0])
+    height = max(2.2, 0.16 * len(layers) + 1.2)
+    fig = _figure(3.4 * ncols + 1.2, height * nrows + 0.4)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    mesh = None
+    for i, row in enumerate(panels):
+        for j, (gemm, operand) in enumerate(row):
+            ax = axes[i, j]
+            panel = grid[(grid["gemm"] == gemm) & (grid["operand"] == operand)]
+            z = panel.pivot(index="layer", columns="step", values="value")
+            data = z.reindex(index=layers, columns=steps).to_numpy(np.float64)
+            mesh = ax.pcolormesh(
+                _edges(steps.astype(float)),
+                np.arange(len(layers) + 1),
+                np.ma.masked_invalid(data),
+                cmap=cmap,
+                norm=norm,
+            )
+            ax.set_title(f"{gemm} · {operand}" if operand else gemm)
+            ax.grid(False)
+    ax0 = axes[0, 0]
+    ax0.invert_yaxis()  # first layer on top
+    every = max(1, math.ceil(len(layers) / 40))
+    ax0.set_yticks(np.arange(len(layers))[::every] + 0.5, layers[::every])
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    fig.colorbar(mesh, ax=axes, label=stat, shrink=0.9)
+    fig.suptitle(f"{stat} by layer and step" + (f" — {cell}" if cell else ""))
+    return fig
+
+
+def _cells(runs: pd.DataFrame, by: str) -> list:
+    return list(pd.unique(runs[by]))
+
+
+@_styled
+def loss_curves(
+    runs: pd.DataFrame,
+    metrics: pd.DataFrame,
+    *,
+    metric: str = "loss",
+    by: str = "cell",
+    band: str = "minmax",
+    gap: bool = False,
+) -> Figure:
+    """Loss over steps per cell: the median over seeds with a band over seeds.
+
+    band="minmax" shades min to max over seeds (every seed inside), "iqr" the 25-75 % quantiles.
+    A non-finite value (after a divergence) is left out of the median at that step; the legend
+    gives each cell's n and how many of its runs diverged. gap=True draws loss - loss_floor on a
+    log axis (how far from the task's exact optimum); otherwise a finite floor shared by all runs
+    is drawn as a dashed line.
+
+    Args:
+      runs, metrics: the store's tables. metric: "loss", "eval_loss", "grad_norm", ...
+      by: the runs column whose values are the curves. band: "minmax" or "iqr". gap: see above.
+    """
+    if band not in ("minmax", "iqr"):
+        raise ValueError(f"band must be 'minmax' or 'iqr', got {band!r}")
+    curves = frames.attach(frames.scalar_metric(metrics, metric), runs, [by, "loss_floor"])
+    if gap:
+        curves = curves.assign(value=curves["value"] - curves["loss_floor"])
+    curves = curves.assign(value=_finite(curves["value"]))
+    fig = _figure(7.0, 4.2)
+    ax = fig.subplots()
+    palette = sns.color_palette("colorblind")
+    cells = [c for c in _cells(runs, by) if c in set(curves[by])]
+    for i, c in enumerate(cells):
+        wide = curves[curves[by] == c].pivot(index="step", columns="run_id", values="value")
+        if band == "minmax":
+            lo, hi = wide.min(axis=1), wide.max(axis=1)
+        else:
+            lo, hi = wide.quantile(0.25, axis=1), wide.quantile(0.75, axis=1)
+        ok = runs[(runs[by] == c) & (runs["status"] == "ok")]
+        n_div = int(ok["diverged"].astype(bool).sum())
+        label = f"{c} (n={wide.shape[1]}" + (f", {n_div} diverged)" if n_div else ")")
+        color, ls = palette[i % len(palette)], _LINESTYLES[(i // len(palette)) % 4]
+        ax.plot(wide.index, wide.median(axis=1), color=color, ls=ls, lw=1.6, label=label)
+        ax.fill_between(wide.index, lo, hi, color=color, alpha=0.18, lw=0)
+    floors = runs["loss_floor"].dropna().unique()
+    if not gap and len(floors) == 1 and np.isfinite(floors[0]):
+        ax.axhline(floors[0], color="0.25", ls="--", lw=1, label="loss floor (optimum)")
+    if gap and (curves["value"] > 0).any():
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"{metric} - floor" if gap else metric)
+    what = "min–max" if band == "minmax" else "interquartile range"
+    ax.set_title(f"{metric}: median over seeds, band = {what}")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    return fig
+
+
+def _fmt(x: float, percent: bool) -> str:
+    if np.isnan(x):
+        return "?"
+    if np.isinf(x):
+        return "∞" if x > 0 else "-∞"
+    if percent:
+        return f"{x:.1%}"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+@_styled
+def ladder(
+    table: pd.DataFrame,
+    value: str,
+    *,
+    label: str | Sequence[str] = "cell",
+    percent: bool = False,
+    title: str | None = None,
+    xlabel: str | None = None,
+) -> Figure:
+    """Horizontal bars with interval whiskers, one per row of an analysis table, in table order.
+
+    The interval comes from the columns `<value>_lo` and `<value>_hi`, as the analysis tables
+    name them (overhead, rate, gap, tokens, share). The numbers are printed in a column on the
+    right, "estimate [lo, hi]", so the chart reads in greyscale print. An infinite estimate (a
+    cell whose seeds mostly never reached the target) is a hatched bar marked "never"; an
+    interval open to the right (inf) is an arrow to the edge; NaN is "n/a", never a made-up bar.
+
+    Args:
+      table: one row per bar. value: the column drawn.
+      label: the column (or columns, joined with ", ") naming each bar.
+      percent: format the axis and numbers as percentages (ratios such as overhead, shares).
+      title, xlabel: override the defaults.
+    """
+    cols = [label] if isinstance(label, str) else list(label)
+    names = table[cols].astype(str).agg(", ".join, axis=1).to_numpy()
+    nan = pd.Series(np.nan, index=table.index)
+    v = table[value].to_numpy(np.float64)
+    lo = table.get(f"{value}_lo", nan).to_numpy(np.float64)
+    hi = table.get(f"{value}_hi", nan).to_numpy(np.float64)
+    shown = np.concatenate([v, lo, hi, [0.0]])
+    shown = shown[np.isfinite(shown)]
+    left, right = shown.min(), shown.max()
+    pad = 0.08 * (right - left) if right > left else 1.0
+    left, right = (left - pad if left < 0 else 0.0), right + pad
+    fig = _figure(7.2, 0.4 * len(names) + 1.5)
+    ax = fig.subplots()
+    color = sns.color_palette("colorblind")[0]
+    numbers = ax.get_yaxis_transform()  # x in axes fraction, y in data
+    for i in range(len(names)):
+        if np.isposinf(v[i]):
+            ax.barh(i, right, color="none", edgecolor=color, hatch="//", height=0.6)
+            ax.text(right, i, "never ", va="center", ha="right", fontsize="small")
+        elif np.isfinite(v[i]):
+            ax.barh(i, v[i], color=color, alpha=0.85, height=0.6)
+        if np.isfinite(v[i]) and np.isfinite(lo[i]):
+            end = hi[i] if np.isfinite(hi[i]) else right
+            ax.plot([lo[i], end], [i, i], color="0.1", lw=1.2)
+            ax.plot([lo[i]], [i], color="0.1", marker="|", ms=8)
+            ax.plot([end], [i], color="0.1", marker="|" if np.isfinite(hi[i]) else ">", ms=7)
+        text = "n/a" if np.isnan(v[i]) else _fmt(v[i], percent)
+        if np.isfinite(v[i]) and not (np.isnan(lo[i]) and np.isnan(hi[i])):
+            text += f"  [{_fmt(lo[i], percent)}, {_fmt(hi[i], percent)}]"
+        ax.text(1.02, i, text, transform=numbers, va="center", ha="left", fontsize="small")
+    ax.axvline(0, color="0.2", lw=0.8)
+    ax.set_yticks(np.arange(len(names)), names)
+    ax.set_xlim(left, right)
+    ax.set_ylim(len(names) - 0.4, -0.6)  # first row on top
+    if percent:
+        ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_xlabel(xlabel or value)
+    ax.grid(axis="y", visible=False)
+    fig.suptitle(title or f"{value} with interval", x=0.01, ha="left")
+    return fig
+
+
+@_styled
+def gnr_curves(
+    metrics: pd.DataFrame,
+    runs: pd.DataFrame | None = None,
+    *,
+    by: str = "cell",
+    agg: str = "median",
+) -> Figure:
+    """Gradient-to-noise ratio ||g|| / ||g_q - g|| per layer over steps, against sqrt(3).
+
+    Chmiel et al. 2025 (arXiv 2505.19115): once the ratio falls below sqrt(3) quantized training
+    stops making progress. One panel per cell (with `runs`; else one panel), one line per layer
+    coloured by depth (dark = first layer), the median over the cell's seeds; log y axis. An
+    infinite ratio (g_q == g: the layer is not quantized) is left out.
+
+    Args:
+      metrics: the long metrics table. runs: the runs table, for panels per cell.
+      by: the runs column naming the panels. agg: a pandas reduction over seeds.
+    """
+    tele = frames.grad_telemetry(metrics)
+    tele = tele[tele["stat"] == "gnr"]
+    if tele.empty:
+        raise ValueError("no gradient-to-noise ratio (grad/<layer>/gnr) in the metrics")
+    tele = tele.assign(value=_finite(tele["value"]))
+    if runs is not None:
+        tele = frames.attach(tele, runs, [by])
+        panels = [c for c in _cells(runs, by) if c in set(tele[by])]
+    else:
+        tele, panels = tele.assign(**{by: "all runs"}), ["all runs"]
+    layers = frames.layer_order(tele.loc[tele["value"].notna(), "layer"])
+    colors = dict(zip(layers, sns.color_palette("mako", len(layers)), strict=True))
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = _figure(4.2 * ncols + 1.6, 3.2 * nrows + 0.4)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        sub = tele[tele[by] == panel].groupby(["layer", "step"])["value"].agg(agg).dropna()
+        for layer, line in sub.groupby(level="layer"):
+            ax.plot(line.index.get_level_values("step"), line, color=colors[layer], lw=1.2)
+        ax.axhline(SQRT3, color="#c0392b", ls="--", lw=1.2)
+        ax.set_yscale("log")
+        ax.set_title(str(panel))
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("‖g‖ / ‖g_q − g‖")
+    named = layers if len(layers) <= 12 else [layers[0], layers[len(layers) // 2], layers[-1]]
+    handles = [Line2D([], [], color=colors[layer], lw=1.2, label=layer) for layer in named]
+    handles.append(Line2D([], [], color="#c0392b", ls="--", label="√3 (Chmiel et al. 2025)"))
+    if not layers:
+        handles.append(Line2D([], [], ls="none", label="no quantization noise (g_q = g)"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize="small", frameon=False)
+    fig.suptitle("gradient-to-noise ratio per layer (median over seeds)")
+    return fig
+
+
+@_styled
+def format_staircase(
+    frame: pd.DataFrame,
+    *,
+    x: str = "scale",
+    y: str = "rel_err",
+    hue: str = "format",
+) -> Figure:
+    """Quantization error against the scale of the input, one line per format.
+
+    Expects a precomputed frame (e.g. one row per format and input scale, with the relative
+    error of quantizing scale * x for a fixed x). Per-tensor formats without a scale show
+    their staircase here: flat inside the range, stepping up as values flush or saturate. Log
+    axes where the data allow.
+    """
+    fig = _figure(6.4, 4.2)
+    ax = fig.subplots()
+    palette = sns.color_palette("colorblind")
+    markers = "osD^v<>Xph"
+    for i, (name, rows) in enumerate(frame.groupby(hue, sort=False)):
+        rows = rows.sort_values(x)
+        ax.plot(
+            rows[x],
+            rows[y],
+            color=palette[i % len(palette)],
+            marker=markers[i % 10],
+            ms=3.5,
+            lw=1.3,
+            ls=_LINESTYLES[(i // len(palette)) % 4],
+            label=str(name),
+        )
+    if (frame[x] > 0).all():
+        ax.set_xscale("log")
+    if (frame[y] > 0).all():
+        ax.set_yscale("log")
+    ax.set_xlabel(f"input {x}")
+    ax.set_ylabel(y)
+    ax.set_title(f"{y} against input {x}")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# The standard set.
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", str(text)).strip("_") or "all"
+
+
+def iter_figures(results) -> Iterator[tuple[str, Figure]]:
+    """(name, figure) of the standard set, lazily; figures whose data is absent are skipped.
+
+    Names are unique (a suffix _2, _3 ... where two cells give the same file name).
+
+    loss and eval_loss curves; ladders of divergence rate, loss gap, tokens to target and
+    overhead against `analysis.default_baseline`; each factor's share of the loss gap's variance;
+    heatmaps of rel_err and bias per cell; the gradient-to-noise ratio.
+    """
+    seen: dict[str, int] = {}
+    for name, fig in _figures(results.runs, results.metrics):
+        seen[name] = seen.get(name, 0) + 1
+        yield (name if seen[name] == 1 else f"{name}_{seen[name]}"), fig
+
+
+def _labelled(table: pd.DataFrame, count: str, word: str) -> pd.DataFrame:
+    """The table with a `label` column: the cell, and "(k word)" where the count k is nonzero."""
+    pairs = zip(table["cell"], table[count], strict=True)
+    return table.assign(label=[f"{c} ({k} {word})" if k else str(c) for c, k in pairs])
+
+
+def _figures(runs: pd.DataFrame, metrics: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
+    if runs.empty:
+        return
+    ok = runs[runs["status"] == "ok"]
+    names = set(metrics["metric"].unique())
+
+    def known(column: str) -> bool:
+        return bool(np.isfinite(ok[column].astype(np.float64)).any())
+
+    for metric in ("loss", "eval_loss"):
+        if metric in names:
+            yield f"{metric}_curves", loss_curves(runs, metrics, metric=metric)
+    if len(ok):
+        rates = tables.divergence_rate(runs)
+        cols = zip(rates["cell"], rates["diverged"], rates["n"], strict=True)
+        rates["label"] = [f"{c} ({d}/{n})" for c, d, n in cols]
+        title = "divergence rate per cell (Wilson 95% interval)"
+        xlabel = "fraction of seeds diverged"
+        fig = ladder(rates, "rate", label="label", percent=True, title=title, xlabel=xlabel)
+        yield "divergence_rate", fig
+    if known("loss_gap"):
+        title = "final loss - floor (mean over seeds, bootstrap 95%)"
+        gaps = _labelled(tables.loss_gap(runs), "nonfinite", "non-finite")
+        yield "loss_gap", ladder(gaps, "gap", label="label", title=title, xlabel="loss gap")
+    if known("target_loss"):
+        base, match = tables.default_baseline(ok)
+        table = _labelled(
+            tables.tokens_to_target(runs, baseline=base, match=match), "never", "never"
+        )
+        title = "tokens to target (median over seeds, bootstrap 95%)"
+        yield "tokens_to_target", ladder(table, "tokens", label="label", title=title)
+        if base is not None:
+            title = f"extra tokens to target against {base['recipe']} (bootstrap 95%)"
+            fig = ladder(table, "overhead", label="label", percent=True, title=title)
+            yield "overhead", fig
+    outcome = "loss_gap" if known("loss_gap") else "final_loss"
+    swept = factors.design_factors(ok)
+    if swept and np.isfinite(ok[outcome].astype(np.float64)).sum() >= 2:
+        shares = factors.variance_decomposition(runs, outcome, swept + factors.seed_factors(ok))
+        if shares.attrs["df_res"] > 0:
+            title = f"share of the variance of {outcome} (ω², wild bootstrap 95%)"
+            fig = ladder(shares, "share", label="factor", percent=True, title=title)
+            yield f"variance_{outcome}", fig
+    quant = {n.split("/")[-1] for n in names if n.startswith("quant/")}
+    for stat in ("rel_err", "bias"):
+        for cell in _cells(runs, "cell") if stat in quant else ():
+            try:
+                fig = gradient_flow_heatmap(metrics, stat, runs=runs, cell=cell)
+            except ValueError:  # no telemetry in this cell
+                continue
+            yield f"heatmap_{stat}_{_slug(cell)}", fig
+    if any(n.startswith("grad/") and n.endswith("/gnr") for n in names):
+        yield "gradient_to_noise", gnr_curves(metrics, runs)
+
+
+def standard_figures(results, out_dir) -> list[Path]:
+    """Writes the standard figures of a results object (.runs, .metrics) as PNGs.
+
+    Args:
+      results: anything with the store's `runs` and `metrics` DataFrames.
+      out_dir: the folder to write into (created if missing).
+    Returns:
+      The paths written, in order. Figures whose data is absent (no telemetry, no target, a
+      single recipe) are skipped without error.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for name, fig in iter_figures(results):
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=DPI)
+        paths.append(path)
+    return paths

@@ -1,0 +1,258 @@
+"""Per-cell tables of a sweep: divergence, loss gaps, paired differences, tokens to target.
+
+Reads only the results store's two tables (`fp4lab.analysis.frames`), never the training code.
+Every estimate comes with an interval (`fp4lab.analysis.intervals`):
+
+    proportions (divergence rate)          Wilson score interval
+    a statistic over seeds (gap, tokens)   percentile bootstrap over runs, seeded
+    a difference between two cells         the same, over pairs of runs with the same seeds
+
+Only runs with status "ok" give outcomes; every table counts the others. A run that never
+reaches the target counts as needing infinitely many tokens: it is never silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fp4lab.analysis.factors import design_factors
+from fp4lab.analysis.frames import SEEDS, ok_runs
+from fp4lab.analysis.intervals import Interval, Stat, bootstrap_ci, ratio_ci, wilson_interval
+
+__all__ = [
+    "BASELINE_RECIPES",
+    "divergence_rate",
+    "loss_gap",
+    "paired_difference",
+    "tokens_to_target",
+    "default_baseline",
+]
+
+BASELINE_RECIPES = ("bf16", "fp32", "fp8")  # default overhead baseline: the first one swept
+NAN = float("nan")
+
+
+def _groups(runs: pd.DataFrame, by: Sequence[str]) -> Iterable[tuple[dict, pd.DataFrame]]:
+    """(key dict, rows) per group of `by`, in order of first appearance; NaN keys kept."""
+    for key, rows in runs.groupby(list(by), sort=False, dropna=False):
+        yield dict(zip(by, key, strict=True)), rows
+
+
+def divergence_rate(runs: pd.DataFrame, by: Sequence[str] = ("cell",), *, level=0.95):
+    """Fraction of runs that diverged per group, with a Wilson interval.
+
+    rate = diverged / n over the runs with status "ok" (a failed run is neither a divergence nor
+    a success: it is counted in `failed` and left out of n).
+
+    Returns:
+      DataFrame with the `by` columns and n, failed, diverged, nonfinite, spike (by kind), rate,
+      rate_lo, rate_hi, and the median divergence step among the runs that diverged.
+    """
+    rows = []
+    for key, g in _groups(runs, by):
+        ok = ok_runs(g)
+        div = ok["diverged"].astype(bool)
+        kind = ok["divergence_kind"].astype(str)
+        rate = wilson_interval(int(div.sum()), len(ok), level)
+        rows.append(
+            key
+            | dict(n=len(ok), failed=len(g) - len(ok), diverged=int(div.sum()))
+            | dict(nonfinite=int((kind == "nonfinite").sum()), spike=int((kind == "spike").sum()))
+            | dict(rate=rate.estimate, rate_lo=rate.lo, rate_hi=rate.hi)
+            | dict(median_divergence_step=ok.loc[div, "divergence_step"].median())
+        )
+    return pd.DataFrame(rows)
+
+
+def loss_gap(
+    runs: pd.DataFrame,
+    by: Sequence[str] = ("cell",),
+    *,
+    outcome: str = "loss_gap",
+    stat: Stat = np.mean,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Gap of the final loss to the task's optimum per group, with a bootstrap interval over seeds.
+
+        gap = stat over seeds of (final_loss - loss_floor)
+
+    The floor is exact for the synthetic tasks (e.g. a Markov source's entropy rate), so a gap
+    of 0 means the task is solved. Runs with a non-finite outcome (a diverged run's NaN loss)
+    cannot enter a mean: they are counted in `nonfinite`, and the interval is over the rest.
+
+    Args:
+      outcome: the column summarised ("loss_gap"; "final_loss" when no floor is known).
+      stat, n_boot, level, seed: as in `bootstrap_ci`.
+    Returns:
+      DataFrame with the `by` columns and n, failed, nonfinite, floor, gap, gap_lo, gap_hi.
+    """
+    rows = []
+    for key, g in _groups(runs, by):
+        ok = ok_runs(g)
+        y = ok[outcome].to_numpy(np.float64)
+        ci = bootstrap_ci(y[np.isfinite(y)], stat, n_boot=n_boot, level=level, seed=seed)
+        rows.append(
+            key
+            | dict(n=len(ok), failed=len(g) - len(ok), nonfinite=int((~np.isfinite(y)).sum()))
+            | dict(floor=ok["loss_floor"].median(), gap=ci.estimate, gap_lo=ci.lo, gap_hi=ci.hi)
+        )
+    return pd.DataFrame(rows)
+
+
+def paired_difference(
+    runs: pd.DataFrame,
+    baseline: str,
+    *,
+    outcome: str = "loss_gap",
+    by: str = "cell",
+    stat: Stat = np.mean,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Each group's outcome minus the baseline group's, paired on the seed triple.
+
+        diff_s = outcome(group, seeds s) - outcome(baseline, seeds s),   s in the shared triples
+
+    Cells of a sweep usually share their seed triples (same init, data and quant seeds), so the
+    seed-to-seed spread that both cells feel cancels in the difference, and the interval of
+    stat(diff) (percentile bootstrap over the pairs) is much tighter than two per-cell intervals
+    side by side. Only the pairs where both runs finished with a finite outcome enter.
+
+    Args:
+      baseline: the value of `by` (a cell label) that every group is compared with.
+      outcome: the column compared. by: the grouping column.
+      stat, n_boot, level, seed: as in `bootstrap_ci`.
+    Returns:
+      DataFrame with `by`, pairs, diff, diff_lo, diff_hi, and `verdict`: "higher" or "lower"
+      when the interval excludes 0, "no evidence" when it contains 0 (an effect may still be
+      there), "baseline" for the baseline itself.
+    """
+    ok = ok_runs(runs)
+    ok = ok[np.isfinite(ok[outcome].to_numpy(np.float64))]
+    if baseline not in set(runs[by]):
+        raise ValueError(f"paired_difference: no {by} {baseline!r}; have {list(runs[by].unique())}")
+    base = ok[ok[by] == baseline].set_index(list(SEEDS))[outcome]
+    if base.index.has_duplicates:
+        raise ValueError(f"paired_difference: {baseline!r} has repeated seed triples")
+    rows = []
+    for key, g in _groups(runs, (by,)):
+        y = ok.loc[ok.index.intersection(g.index)].set_index(list(SEEDS))[outcome]
+        shared = y.index.intersection(base.index)
+        d = (y.loc[shared] - base.loc[shared]).to_numpy(np.float64)
+        ci = bootstrap_ci(d, stat, n_boot=n_boot, level=level, seed=seed)
+        if key[by] == baseline:
+            verdict = "baseline"
+        elif not (np.isfinite(ci.lo) and np.isfinite(ci.hi)):
+            verdict = "too few pairs"
+        else:
+            verdict = "higher" if ci.lo > 0 else "lower" if ci.hi < 0 else "no evidence"
+        rows.append(
+            key
+            | dict(pairs=len(d), diff=ci.estimate, diff_lo=ci.lo, diff_hi=ci.hi, verdict=verdict)
+        )
+    return pd.DataFrame(rows)
+
+
+def _tokens(rows: pd.DataFrame) -> np.ndarray:
+    """Tokens to target of runs that have a target; never reached (NaN) becomes +inf."""
+    rows = rows[np.isfinite(rows["target_loss"].to_numpy(np.float64))]
+    t = rows["tokens_to_target"].to_numpy(np.float64)
+    return np.where(np.isnan(t), np.inf, t)
+
+
+def tokens_to_target(
+    runs: pd.DataFrame,
+    by: Sequence[str] = ("cell",),
+    *,
+    baseline: Mapping[str, Any] | str | None = None,
+    match: Sequence[str] = (),
+    stat: Stat = np.median,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Tokens to reach the target loss per group and the overhead against a baseline.
+
+        tokens   = stat over seeds of T,  T = tokens_to_target, or +inf when never reached
+        overhead = tokens / tokens_baseline - 1      (Cim et al. 2026, Table 1: +8 % = 0.08)
+
+    Never-reached runs stay in as +inf: the median is finite while more than half of the seeds
+    reach the target, and is inf ("never") otherwise; `never` counts them. Intervals: bootstrap
+    over seeds (`bootstrap_ci`); the overhead resamples the group and its baseline independently
+    (`ratio_ci`). The baseline group compared with itself has overhead exactly 0.
+
+    Args:
+      by: grouping columns (default one group per sweep cell).
+      baseline: the baseline runs, as {column: value} (e.g. {"recipe": "fp8"}); a string means
+        {by[0]: baseline}. None: no overhead columns.
+      match: columns on which each group is compared with the baseline runs that share its
+        values (e.g. ("lr",): every recipe against the baseline at its own learning rate).
+      stat, n_boot, level, seed: as in `bootstrap_ci`.
+    Returns:
+      DataFrame with the `by` columns and n, failed, no_target (runs without a target), reached,
+      never, tokens, tokens_lo, tokens_hi and, with a baseline, overhead, overhead_lo, overhead_hi
+      and baseline (True for the baseline group itself).
+    """
+    ok_all = ok_runs(runs)
+    if isinstance(baseline, str):
+        baseline = {by[0]: baseline}
+    rows = []
+    for key, g in _groups(runs, by):
+        ok = ok_runs(g)
+        t = _tokens(ok)
+        ci = bootstrap_ci(t, stat, n_boot=n_boot, level=level, seed=seed)
+        row = key | dict(n=len(ok), failed=len(g) - len(ok), no_target=len(ok) - len(t))
+        row |= dict(reached=int(np.isfinite(t).sum()), never=int(np.isinf(t).sum()))
+        row |= dict(tokens=ci.estimate, tokens_lo=ci.lo, tokens_hi=ci.hi)
+        if baseline is not None:
+            sel = np.ones(len(ok_all), bool)
+            for col, value in baseline.items():
+                sel &= (ok_all[col] == value).to_numpy()
+            for col in match:
+                sel &= (ok_all[col] == ok[col].iloc[0]).to_numpy() if len(ok) else False
+            base = ok_all[sel]
+            is_base = bool(len(base)) and set(base.index) == set(ok.index)
+            if is_base:
+                oh = Interval(0.0, 0.0, 0.0)
+            else:
+                oh = ratio_ci(t, _tokens(base), stat, n_boot=n_boot, level=level, seed=seed)
+            row |= dict(overhead=oh.estimate, overhead_lo=oh.lo, overhead_hi=oh.hi)
+            row |= dict(baseline=is_base)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def default_baseline(runs: pd.DataFrame) -> tuple[dict | None, list[str]]:
+    """The baseline and matching columns that the standard figures and report use.
+
+    Baseline: the first recipe of BASELINE_RECIPES present among several recipes (None if
+    none is), without per-GEMM or backward overrides where some of its runs have them. Match:
+    the other varying config columns on which the baseline runs themselves vary (a baseline
+    swept over lr is compared lr by lr; one run at a single setting is the baseline for all).
+    Returns:
+      (baseline, match), ready for `tokens_to_target(runs, baseline=..., match=...)`.
+    """
+    recipes = set(runs["recipe"].dropna()) if "recipe" in runs.columns else set()
+    found = next((r for r in BASELINE_RECIPES if r in recipes), None)
+    if found is None or len(recipes) < 2:
+        return None, []
+    baseline = {"recipe": found}
+    base = runs[runs["recipe"] == found]
+    # the plain recipe, where some runs of it also carry per-GEMM or backward overrides
+    plain = {c: v for c, v in (("gemms", "[]"), ("backward", "")) if c in runs.columns}
+    pure = base
+    for c, v in plain.items():
+        pure = pure[pure[c].astype(str) == v]
+    if 0 < len(pure) < len(base):
+        baseline, base = baseline | plain, pure
+    match = [
+        c for c in design_factors(runs) if c not in baseline and base[c].astype(str).nunique() > 1
+    ]
+    return baseline, match

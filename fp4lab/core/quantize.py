@@ -1,0 +1,355 @@
+"""quantize / dequantize / fake_quant, QTensor, and the blocks API the telemetry shares.
+
+    import fp4lab as fl
+    spec = fl.nvfp4()           # E2M1, 1x16 tiles, E4M3 block scale, FP32 tensor scale
+    q = fl.quantize(x, spec)    # QTensor: codes (uint8), block scales, outer scale
+    x_hat = q.dequantize()      # same shape and dtype as x
+    y = fl.fake_quant(x, spec)  # = quantize(x, spec).dequantize(), straight-through grad
+
+Blocks run along `spec.axis` (default -1, the contraction axis). 2D tiles (ty, tx) also block
+the axis before it (after moving `axis` last), as weight tiles of 16x16 do.
+
+The blocks API is what `quantize`, `quantize_dequantize` and the statistics of
+`fp4lab.core.stats` are built from: `quantize_blocks` (the prepared input and its scaled grid
+values in the blocked view), `grid_values`, `dequantize_blocks` and `restore` (back to the
+input's layout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fp4lab.core import formats, hadamard, scaling
+from fp4lab.core.spec import QuantSpec
+
+__all__ = [
+    "QTensor",
+    "quantize",
+    "quantize_dequantize",
+    "fake_quant",
+    "quantize_blocks",
+    "dequantize_blocks",
+    "grid_values",
+    "restore",
+]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class QTensor:
+    """A quantized tensor.
+
+    codes: uint8 element codes (pass-through casts: the cast values), laid out with `spec.axis`
+        moved last and zero padding kept, shape (..., R, K).
+    scale: float32 block scales, shape (..., R/ty, 1, K/tx, 1): values exactly representable in
+        the block-scale format (NaN for a scope computed from non-finite input).
+    outer: float32 outer dequantization factor, broadcastable against the blocks.
+    x_hat = decode(codes) * scale * outer, then unpadded, unrotated and moved back.
+    """
+
+    codes: jax.Array
+    scale: jax.Array
+    outer: jax.Array
+    transform_key: jax.Array | None
+    spec: QuantSpec = dataclasses.field(metadata=dict(static=True))
+    shape: tuple = dataclasses.field(metadata=dict(static=True))
+    dtype: Any = dataclasses.field(metadata=dict(static=True))
+
+    def values(self) -> jax.Array:
+        """Element grid values (float32), same layout as `codes`."""
+        fmt = formats.get_format(self.spec.elem)
+        if fmt.kind == "cast":
+            return self.codes.astype(jnp.float32)
+        return formats.decode(self.codes, fmt)
+
+    def dequantize(self, *, rotated: bool = False) -> jax.Array:
+        """x_hat in x's shape and dtype. rotated=True keeps the Hadamard domain (for GEMMs)."""
+        tile = _tile(self.spec, self.codes.shape)
+        xb = scaling.block_view(self.values(), tile)
+        x = scaling.unblock(xb * self.scale * self.outer)
+        return restore(x, self.spec, self.shape, self.dtype, self.transform_key, rotated)
+
+
+def _tile(spec: QuantSpec, shape: tuple) -> tuple[int, int]:
+    return spec.tile if spec.tile is not None else (1, shape[-1])
+
+
+def _padded(n: int, t: int) -> int:
+    return -(-n // t) * t
+
+
+def _prepare(x: jax.Array, spec: QuantSpec):
+    """Validates shape vs tile, moves the axis last, views as (..., R, K) and zero-pads."""
+    ndim = x.ndim
+    if ndim == 0:
+        raise ValueError("quantize needs an array with at least one axis, got a scalar")
+    axis = spec.axis if spec.axis >= 0 else ndim + spec.axis
+    if not 0 <= axis < ndim:
+        raise ValueError(f"QuantSpec.axis={spec.axis} is out of range for shape {x.shape}")
+    xt = jnp.moveaxis(x.astype(jnp.float32), axis, -1)
+    if xt.ndim == 1:
+        xt = xt[None, :]
+    ty, tx = spec.tile or (1, 1)
+    k, r = xt.shape[-1], xt.shape[-2]
+    if spec.transform is not None and not spec.pad and k % spec.transform.size:
+        raise ValueError(
+            f"Hadamard size {spec.transform.size} does not divide axis {axis} of "
+            f"shape {tuple(x.shape)}"
+        )
+    need_k = tx if spec.transform is None else math.lcm(tx, spec.transform.size)
+    if (k % need_k or r % ty) and not spec.pad:
+        raise ValueError(
+            f"tile {spec.tile} does not divide shape {tuple(x.shape)} along axis "
+            f"{axis} (and the axis before it for 2D tiles); pass pad=True to "
+            "zero-pad"
+        )
+    pk, pr = _padded(k, need_k) - k, _padded(r, ty) - r
+    if pk or pr:
+        widths = [(0, 0)] * (xt.ndim - 2) + [(0, pr), (0, pk)]
+        xt = jnp.pad(xt, widths)
+    return xt
+
+
+def restore(xt, spec, shape, dtype, transform_key, rotated):
+    """The inverse of the preparation: (..., R, K) values back to `shape` and `dtype`.
+
+    Unrotates (unless `rotated`), drops the zero padding and moves `spec.axis` back. Args as
+    the QTensor fields of the same names; `xt` is `scaling.unblock` of a blocked view.
+    """
+    ndim = len(shape)
+    axis = spec.axis if spec.axis >= 0 else ndim + spec.axis
+    moved = list(shape)
+    moved.append(moved.pop(axis))
+    if spec.transform is not None:
+        if not rotated:
+            xt = hadamard.unrotate(xt, spec.transform, transform_key)
+        elif moved[-1] % spec.transform.size:
+            # Padding inside a Hadamard block: the rotation mixes the zeros into the kept
+            # entries, and cutting the rotated axis back would silently change dot products.
+            raise ValueError(
+                f"rotated=True with a padded axis {axis} of shape {tuple(shape)} (padded to "
+                f"{xt.shape[-1]} for Hadamard size {spec.transform.size}): the rotated values "
+                "only contract correctly at the padded length; use rotated=False"
+            )
+    if ndim == 1:
+        xt = xt[0]
+    xt = xt[tuple(slice(0, n) for n in moved)]
+    return jnp.moveaxis(xt, -1, axis).astype(dtype)
+
+
+def _split(key, spec: QuantSpec, transform_key=None):
+    # A random-sign Hadamard needs randomness only for its signs: a given transform key is
+    # enough for it; stochastic rounding always needs `key`.
+    needs = spec.rounding == "stochastic" or (spec.needs_key and transform_key is None)
+    if needs and key is None:
+        raise ValueError(
+            f"this QuantSpec needs a PRNG key (rounding={spec.rounding!r}, "
+            f"transform={spec.transform!r}); pass key=..."
+        )
+    if key is None:
+        return None, None
+    k_round, k_transform = jax.random.split(key)
+    return k_round, k_transform
+
+
+def quantize(
+    x: jax.Array,
+    spec: QuantSpec,
+    *,
+    key: jax.Array | None = None,
+    transform_key: jax.Array | None = None,
+    amax: jax.Array | None = None,
+) -> QTensor:
+    """Quantizes x under `spec`.
+
+    Args:
+      x: float32, bfloat16 or float16 array.
+      spec: the QuantSpec.
+      key: PRNG key; required for stochastic rounding, and for random-sign Hadamards unless
+        `transform_key` is given.
+      transform_key: key for random Hadamard signs (default: derived from `key`). Two GEMM
+        operands rotated with the same transform key cancel exactly.
+      amax: optional amax of the outer scope (delayed scaling): one value, or for a "row"
+        scope one per row; default: computed from x (current scaling).
+    Returns:
+      A QTensor; `.dequantize()` gives x_hat.
+    """
+    x = jnp.asarray(x)
+    xb, scaled, scope, transform_key = quantize_blocks(x, spec, key, transform_key, amax)
+    fmt = formats.get_format(spec.elem)
+    if fmt.kind == "cast":
+        codes = scaling.unblock(xb).astype(fmt.dtype)
+    else:
+        codes = formats.encode(scaling.unblock(scaled.q), fmt)
+    outer = _outer(scaled, scope)
+    return QTensor(codes, scaled.scale, outer, transform_key, spec, x.shape, x.dtype)
+
+
+def quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
+    """The quantizer without codes: (xb, scaled, scope amax, transform key); args as `quantize`.
+
+    xb: the prepared (moved, padded, rotated) float32 input in its blocked view; scaled: the
+    element grid values and scales of `scaling`; pass-through casts give the cast values with
+    unit scales. `quantize` encodes the grid values; `quantize_dequantize` and the telemetry
+    use them directly.
+    """
+    if not isinstance(spec, QuantSpec):
+        raise ValueError(f"quantize needs a QuantSpec, got {type(spec).__name__}")
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"quantize needs a floating-point array, got {x.dtype}")
+    k_round, k_t = _split(key, spec, transform_key)
+    if transform_key is None:
+        transform_key = k_t
+    xt = _prepare(x, spec)
+    if spec.transform is not None:
+        xt = hadamard.rotate(xt, spec.transform, transform_key)
+    fmt = formats.get_format(spec.elem)
+    xb = scaling.block_view(xt, _tile(spec, xt.shape))
+    if fmt.kind == "cast":
+        one = jnp.ones((1,) * (xt.ndim + 2), jnp.float32)
+        q = xb.astype(fmt.dtype).astype(jnp.float32)
+        return xb, scaling.Scaled(q, one, jnp.float32(1.0)), None, transform_key
+    amax_b = scaling.block_amax(xb) if spec.block_scale is not None else None
+    if amax is None or spec.outer == "none":
+        scope = scaling.scope_amax(xb, spec.outer, amax_b)
+    else:
+        scope = _scope_from(amax, xb, spec.outer)
+    return xb, _scale(xb, scope, spec, fmt, k_round, amax_b), scope, transform_key
+
+
+def grid_values(q: jax.Array, fmt: formats.ElementFormat) -> jax.Array:
+    """decode(encode(q)) for element grid values q, computed without the codes.
+
+    Grid values round-trip exactly, except where a format has no code for them: NaN becomes 0
+    in formats without a NaN code (the NaN lives in the block scale), and integers have no -0.
+    """
+    if fmt.kind == "int":
+        return jnp.where(jnp.isnan(q) | (q == 0), jnp.float32(0.0), q)
+    if fmt.kind == "float":
+        if fmt.name in ("e4m3", "e5m2"):  # NaN codes; saturated q holds no infinities
+            return q
+        return jnp.where(jnp.isnan(q), jnp.float32(0.0), q)
+    if fmt.kind == "cast":
+        return q
+    return formats.decode(formats.encode(q, fmt), fmt)
+
+
+def _scope_from(amax, xb, outer):
+    """A given scope amax in the shape of `scaling.scope_amax`: one value, or one per row ("row").
+
+    One value serves every row; otherwise there must be exactly one value per row, in the
+    rows' order (x with the quantized axis moved last and the others flattened).
+    """
+    a = jnp.asarray(amax, jnp.float32)
+    shape = (1,) * xb.ndim if outer == "tensor" else (*xb.shape[:-2], 1, 1)
+    if a.size == 1:
+        return jnp.broadcast_to(a.reshape(()), shape)
+    if a.size != math.prod(shape):
+        raise ValueError(
+            f"amax has {a.size} values; the {outer!r} scope of this input takes 1"
+            + (f" or {math.prod(shape)} (one per row)" if outer == "row" else "")
+        )
+    return a.reshape(shape)
+
+
+def _scale(xb, scope, spec: QuantSpec, fmt, key, amax_b) -> scaling.Scaled:
+    if spec.block_scale == "e4m3":
+        if spec.convention == "te":
+            return scaling.nvfp4_te(
+                xb,
+                scope,
+                elem=fmt,
+                rounding=spec.rounding,
+                key=key,
+                four_over_six=spec.four_over_six,
+                amax_b=amax_b,
+            )
+        return scaling.nvfp4_jax(xb, scope, elem=fmt, rounding=spec.rounding, key=key)
+    if spec.block_scale == "e8m0":
+        return scaling.mx(
+            xb,
+            elem=fmt,
+            scale_rounding=spec.scale_rounding,
+            rounding=spec.rounding,
+            key=key,
+            amax_b=amax_b,
+        )
+    if spec.block_scale == "fp32":
+        return scaling.fp32_blocks(xb, elem=fmt, rounding=spec.rounding, key=key, amax_b=amax_b)
+    return scaling.per_scope(xb, scope, elem=fmt, rounding=spec.rounding, key=key)
+
+
+def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rotated=False):
+    """x_hat of `quantize` in one call (no straight-through gradient; see `fake_quant`).
+
+    The same values as `quantize(...).dequantize(rotated=rotated)`, computed from the element
+    grid values without encoding them to codes and decoding them back.
+    """
+    x = jnp.asarray(x)
+    xb, scaled, scope, transform_key = quantize_blocks(x, spec, key, transform_key, amax)
+    xhat_b = dequantize_blocks(scaled, formats.get_format(spec.elem), scope)
+    return restore(scaling.unblock(xhat_b), spec, x.shape, x.dtype, transform_key, rotated)
+
+
+def dequantize_blocks(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope) -> jax.Array:
+    """x_hat in the blocked view: grid values * block scale * outer, as `QTensor.dequantize`."""
+    return grid_values(scaled.q, fmt) * scaled.scale * _outer(scaled, scope)
+
+
+def _outer(scaled: scaling.Scaled, scope) -> jax.Array:
+    """The outer scale, broadcast to the scope amax's shape (one per row or one per tensor)."""
+    return jnp.broadcast_to(scaled.outer, scope.shape) if scope is not None else scaled.outer
+
+
+@jax.custom_jvp
+def _ste(x, x_hat):
+    return x_hat
+
+
+@_ste.defjvp
+def _ste_jvp(primals, tangents):
+    x, x_hat = primals
+    dx, _ = tangents
+    return x_hat, dx
+
+
+def fake_quant(
+    x: jax.Array,
+    spec: QuantSpec | None,
+    *,
+    key: jax.Array | None = None,
+    transform_key: jax.Array | None = None,
+    amax: jax.Array | None = None,
+    rotated: bool = False,
+) -> jax.Array:
+    """Quantize-dequantize x: same shape and dtype as x.
+
+    Gradient: straight-through (the identity), the standard estimator for quantization-aware
+    training: d fake_quant(x) / dx = I, including for saturated elements. `spec=None` returns x.
+    rotated=True returns the values in the Hadamard domain (both GEMM operands rotated).
+    """
+    if spec is None:
+        return x
+    if transform_key is None:
+        transform_key = _split(key, spec)[1]
+    else:
+        _split(key, spec, transform_key)  # stochastic rounding still needs `key`
+    x_hat = quantize_dequantize(
+        jax.lax.stop_gradient(x),
+        spec,
+        key=key,
+        transform_key=transform_key,
+        amax=amax,
+        rotated=rotated,
+    )
+    if rotated and spec.transform is not None:  # straight through the rotation itself
+        axis = spec.axis % x.ndim
+        xr = hadamard.rotate(jnp.moveaxis(x, axis, -1), spec.transform, transform_key)
+        x = jnp.moveaxis(xr, -1, axis).astype(x.dtype)
+    return _ste(x, x_hat)

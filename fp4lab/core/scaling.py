@@ -1,0 +1,321 @@
+"""Scale rules: scopes, tiles, block-scale formats and four-over-six.
+
+All functions work on a *blocked view* of a float32 array whose contraction axis is last:
+`xb` has shape (..., R/ty, ty, K/tx, tx) for tiles of ty x tx (ty = 1 for 1D tiles). Block
+amaxes have shape (..., R/ty, 1, K/tx, 1); scope amaxes broadcast against them.
+
+Every rule returns a `Scaled`: element grid values `q`, block scales `scale` (float32 values
+exactly representable in the block-scale format) and an outer dequantization factor `outer`,
+so that x_hat = (q * scale) * outer.
+
+The rules, exactly as docs/architecture.md §2 and the cited references write them:
+
+NVFP4, convention "te" (TransformerEngine reference_nvfp4.py; NVIDIA 2025, arXiv 2509.25149):
+    E = 448 (256 with four-over-six)
+    S_enc = min(E*6 / amax_scope, FLT_MAX); if S_enc == 0: S_enc = 1;  S_dec = 1 / S_enc
+    s_b = e4m3(clamp(min(amax_b * (S_enc * (1/6)), FLT_MAX), +-448))
+    e_b = min(1 / (f32(s_b) * S_dec), FLT_MAX)
+    q   = e2m1(clamp(x * e_b, +-6));   x_hat = q * f32(s_b) * S_dec
+NVFP4, convention "jax" (jax._src.cudnn.scaled_matmul_stablehlo.quantize):
+    x' = x / g,  s_b = e4m3(clip(amax_b(x') / 6, 0, 448)),  q = e2m1(clip(x' / f32(s_b), +-6))
+    with g = amax_scope / (6 * 448) (1 where that is 0).
+MX (OCP Microscaling v1.0): shared = floor(log2(amax_b)) - emax_elem ("floor"), or
+    ceil(log2(amax_b / max_elem)) ("ceil", the RCEIL rule of cuBLAS/TE/jax.nn), clamped to
+    [-127, 127] (and to at most 127 - emax_elem, so that max_elem * 2**shared is finite) and
+    read from the float bits;  q = elem(clamp(x / 2**shared, +-max)).
+Four-over-six (Cook et al. 2025, arXiv 2512.02010): per block a second candidate with the
+    block scale x 1.5 (block max -> 4); keep the candidate with the lower block error, MAE or
+    MSE, summed as TransformerEngine sums it; ties keep map-to-6.
+
+Non-finite input: a scale computed from a NaN/inf amax is NaN, so every element of its scope
+dequantizes to NaN; quantization never turns a NaN into a finite number.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp4lab.core import formats
+
+__all__ = [
+    "Scaled",
+    "block_view",
+    "unblock",
+    "scope_amax",
+    "block_amax",
+    "nvfp4_te",
+    "nvfp4_jax",
+    "mx",
+    "fp32_blocks",
+    "per_scope",
+]
+
+FLT_MAX = np.float32(np.finfo(np.float32).max)
+E4M3_MAX = np.float32(448.0)
+
+
+class Scaled(NamedTuple):
+    q: jax.Array  # element grid values, blocked shape, float32
+    scale: jax.Array  # block scales, (..., R/ty, 1, K/tx, 1), float32
+    outer: jax.Array  # outer dequantization factor, broadcastable, float32
+    map4: jax.Array | None = None  # four-over-six: True where a block chose map-to-4
+
+
+def block_view(x: jax.Array, tile: tuple[int, int]) -> jax.Array:
+    """(..., R, K) -> (..., R/ty, ty, K/tx, tx); shapes must already divide."""
+    ty, tx = tile
+    *lead, r, k = x.shape
+    return x.reshape(*lead, r // ty, ty, k // tx, tx)
+
+
+def unblock(xb: jax.Array) -> jax.Array:
+    """Inverse of `block_view`."""
+    *lead, rb, ty, kb, tx = xb.shape
+    return xb.reshape(*lead, rb * ty, kb * tx)
+
+
+def _abs_nan_as_inf(xb: jax.Array) -> jax.Array:
+    """|x| with NaN read as +inf, so every max reduction keeps it non-finite.
+
+    XLA's CPU backend may route large max reductions to a kernel that skips NaN; +inf survives
+    any max, and a non-finite amax makes its scope NaN (see `_nan_where_nonfinite`).
+    """
+    a = jnp.abs(xb)
+    return jnp.where(jnp.isnan(a), jnp.float32(jnp.inf), a)
+
+
+def block_amax(xb: jax.Array) -> jax.Array:
+    return jnp.max(_abs_nan_as_inf(xb), axis=(-3, -1), keepdims=True)
+
+
+def scope_amax(xb: jax.Array, outer: str, amax_b: jax.Array | None = None) -> jax.Array | None:
+    """amax over the outer scope: "tensor" (all elements), "row" (each row), "none" -> None.
+
+    Given the block amaxes `amax_b` of xb (`block_amax`), reduces those instead of xb: the
+    same value (a max is exact), from a 16x (or 32x) smaller array.
+    """
+    if outer not in ("tensor", "row"):
+        return None
+    if amax_b is None:
+        a = _abs_nan_as_inf(xb)
+        if outer == "tensor":
+            return jnp.max(a, keepdims=True)
+        return jnp.max(a, axis=(-2, -1), keepdims=True)  # rows: (R/ty, ty) with ty == 1
+    if outer == "tensor":
+        return jnp.max(amax_b, keepdims=True)
+    return jnp.max(amax_b, axis=-2, keepdims=True)  # (..., R, 1, K/tx, 1) -> (..., R, 1, 1, 1)
+
+
+def _nan_where_nonfinite(scale: jax.Array, amax: jax.Array) -> jax.Array:
+    return jnp.where(jnp.isfinite(amax), scale, jnp.nan)
+
+
+def _div(a: jax.Array, b: jax.Array) -> jax.Array:
+    """IEEE a / b, elementwise with broadcasting.
+
+    XLA's algebraic simplifier rewrites a / broadcast(b) into a * broadcast(1 / b), which is off
+    by one ulp for about a third of the inputs. The rules that are held bit for bit against
+    references dividing for real (TE's quantizer divides in PyTorch) broadcast the divisor
+    behind an optimization barrier, where the rewrite cannot see it.
+    """
+    shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+    b = jax.lax.optimization_barrier(jnp.broadcast_to(jnp.asarray(b, jnp.float32), shape))
+    return jnp.broadcast_to(a, shape) / b
+
+
+def _elements(v: jax.Array, fmt: formats.ElementFormat, rounding: str, key) -> jax.Array:
+    """Element grid values of v, clamped to +-max_elem (round_to_format saturates there)."""
+    return formats.round_to_format(v, fmt, rounding=rounding, key=key)
+
+
+def _e4m3(v: jax.Array) -> jax.Array:
+    """RNE to E4M3 after clamping to +-448 (round_to_format saturates; ml_dtypes' cast would
+    overflow to NaN)."""
+    return formats.round_to_format(v, "e4m3")
+
+
+def _te_global(amax_scope: jax.Array | None, emax: float):
+    """S_enc and S_dec of the TE convention; (1, 1) without an outer scope."""
+    if amax_scope is None:
+        one = jnp.float32(1.0)
+        return one, one
+    s_enc = jnp.minimum(jnp.float32(emax * 6.0) / amax_scope, FLT_MAX)
+    s_enc = jnp.where(s_enc == 0, jnp.float32(1.0), s_enc)
+    return s_enc, jnp.float32(1.0) / s_enc
+
+
+def nvfp4_te(
+    xb: jax.Array,
+    amax_scope: jax.Array | None,
+    *,
+    elem: formats.ElementFormat,
+    rounding: str = "rne",
+    key: jax.Array | None = None,
+    four_over_six: str | None = None,
+    amax_b: jax.Array | None = None,
+) -> Scaled:
+    """Two-level E4M3 block scaling, TransformerEngine convention (see module docstring).
+
+    amax_b: the block amaxes of xb (`block_amax`), when the caller has them already.
+    """
+    amax_b = block_amax(xb) if amax_b is None else amax_b
+    six = jnp.float32(elem.max)
+    if four_over_six is not None:
+        return _four_over_six_te(xb, amax_b, amax_scope, elem, four_over_six)
+    s_enc, s_dec = _te_global(amax_scope, 448.0)
+    s_b = _e4m3(jnp.minimum(amax_b * (s_enc * (jnp.float32(1.0) / six)), FLT_MAX))
+    e_b = jnp.minimum(jnp.float32(1.0) / (s_b * s_dec), FLT_MAX)
+    q = _elements(xb * e_b, elem, rounding, key)
+    return Scaled(q, _nan_where_nonfinite(s_b, amax_b), _outer(s_dec, amax_scope))
+
+
+def _outer(s_dec: jax.Array, amax_scope: jax.Array | None) -> jax.Array:
+    if amax_scope is None:
+        return jnp.float32(1.0)
+    return _nan_where_nonfinite(s_dec, amax_scope)
+
+
+def _four_over_six_te(xb, amax_b, amax_scope, elem, mode) -> Scaled:
+    """Four-over-six as TransformerEngine's reference quantizer computes it.
+
+    Candidates: s6 = e4m3(amax_b / 6 * S_enc), s4 = e4m3(amax_b / 6 * S_enc * 1.5). Each block's
+    error is computed in the input domain, val = q * s * amax_scope / (6 * 256), summed over the
+    16 elements of a row in order and, for 16x16 tiles, over the 16 rows in TE's tree order.
+    The candidate with the strictly lower error wins; ties keep map-to-6.
+    """
+    if mode not in ("mae", "mse"):
+        raise ValueError(f"four_over_six={mode!r}; allowed: 'mae', 'mse', None")
+    emax = 256.0
+    s_enc, s_dec = _te_global(amax_scope, emax)
+    six = jnp.float32(elem.max)
+    base = _div(amax_b, six) * s_enc
+    cands = []
+    for mult in (1.5, 1.0):  # map-to-4, map-to-6
+        s = _e4m3(base * jnp.float32(mult))
+        e = jnp.minimum(jnp.float32(1.0) / (s * s_dec), FLT_MAX)
+        q = _elements(xb * e, elem, "rne", None)
+        val = q * s  # back in the input domain: q * s * amax_scope / (6 * E), as TE writes it
+        if amax_scope is not None:
+            val = _div(val * amax_scope, jnp.float32(6.0 * emax))
+        diff = val - xb
+        d = diff * diff if mode == "mse" else jnp.abs(diff)
+        err = d[..., 0:1]
+        for i in range(1, xb.shape[-1]):  # sequential, as the reference sums it
+            err = err + d[..., i : i + 1]
+        err = _tree_sum_rows(err)
+        cands.append((q, s, err))
+    (q4, s4, err4), (q6, s6, err6) = cands
+    pick4 = err4 < err6
+    q = jnp.where(pick4, q4, q6)
+    s = jnp.where(pick4, s4, s6)
+    return Scaled(q, _nan_where_nonfinite(s, amax_b), _outer(s_dec, amax_scope), pick4)
+
+
+def _tree_sum_rows(err: jax.Array) -> jax.Array:
+    """Sums (..., ty, Kb, 1) row errors over ty by halving, as TE's warp reduction does."""
+    while err.shape[-3] > 1:
+        h = err.shape[-3] // 2
+        err = err[..., :h, :, :] + err[..., h:, :, :]
+    return err
+
+
+def nvfp4_jax(
+    xb: jax.Array,
+    amax_scope: jax.Array | None,
+    *,
+    elem: formats.ElementFormat,
+    rounding: str = "rne",
+    key: jax.Array | None = None,
+) -> Scaled:
+    """Two-level E4M3 block scaling, jax.nn convention (see module docstring).
+
+    A block whose scale is 0 (a zero block, or tiny values whose scale underflows in E4M3)
+    dequantizes to 0. Its nonzero elements become +-6 (x / 0 = +-inf, clipped), exactly as in
+    jax's quantizer; its zero elements stay 0, where jax computes 0/0 = NaN.
+    """
+    # Written with the same divisions as jax's quantizer (x / g, amax / 6, x / s_b): XLA
+    # compiles a / broadcast(b) as a * (1 / b) in both, which keeps them bit-identical.
+    six = jnp.float32(elem.max)
+    if amax_scope is None:
+        g = jnp.float32(1.0)
+    else:
+        g = amax_scope / jnp.float32(6.0 * 448.0)
+        g = jnp.where(g == 0, jnp.float32(1.0), g)
+    x = xb / g
+    amax_b = block_amax(x)
+    s_b = _e4m3(jnp.clip(amax_b / six, 0, E4M3_MAX))
+    v = jnp.where(x == 0, x, x / s_b)
+    q = _elements(v, elem, rounding, key)
+    return Scaled(q, _nan_where_nonfinite(s_b, amax_b), _outer(g, amax_scope))
+
+
+def mx(
+    xb: jax.Array,
+    *,
+    elem: formats.ElementFormat,
+    scale_rounding: str = "floor",
+    rounding: str = "rne",
+    key: jax.Array | None = None,
+    amax_b: jax.Array | None = None,
+) -> Scaled:
+    """OCP MX block scaling with an E8M0 shared exponent (see module docstring).
+
+    amax_b: the block amaxes of xb (`block_amax`), when the caller has them already.
+    """
+    amax_b = block_amax(xb) if amax_b is None else amax_b
+    if scale_rounding == "floor":
+        e = formats.exponent(jnp.where(amax_b > 0, amax_b, 1.0)) - elem.emax
+        e = jnp.where(amax_b > 0, jnp.clip(e, -127, 127), -127)
+    elif scale_rounding == "ceil":
+        e = formats.exponent(formats.round_pow2(amax_b / jnp.float32(elem.max), "ceil"))
+    else:
+        raise ValueError(f"scale_rounding={scale_rounding!r}; allowed: 'floor', 'ceil'")
+    # At most 127 - emax_elem, so that max_elem * 2**e stays finite in float32: "ceil" on an
+    # amax within a factor ~2 of FLT_MAX would otherwise round elements up to inf after
+    # dequantization. "floor" never reaches the cap.
+    e = jnp.minimum(e, 127 - elem.emax)
+    scale = formats.pow2(e)
+    # x * 2**-e, not x / 2**e: the same exact result, but 2**-e is a normal float32 for
+    # e in [-127, 125], while the divisor 2**-127 is a subnormal that flush-to-zero backends
+    # (XLA on CPU) read as 0, turning a zero block into 0/0 = NaN.
+    q = _elements(xb * formats.pow2(-e), elem, rounding, key)
+    return Scaled(q, _nan_where_nonfinite(scale, amax_b), jnp.float32(1.0))
+
+
+def fp32_blocks(
+    xb: jax.Array, *, elem: formats.ElementFormat, rounding: str = "rne", key=None, amax_b=None
+) -> Scaled:
+    """Block scale in FP32: s_b = amax_b / max_elem (1 for a zero block); q = elem(x / s_b)."""
+    amax_b = block_amax(xb) if amax_b is None else amax_b
+    s_b = _div(amax_b, jnp.float32(elem.max))
+    s_b = jnp.where(s_b == 0, jnp.float32(1.0), s_b)
+    q = _elements(_div(xb, s_b), elem, rounding, key)
+    return Scaled(q, _nan_where_nonfinite(s_b, amax_b), jnp.float32(1.0))
+
+
+def per_scope(
+    xb: jax.Array,
+    amax_scope: jax.Array | None,
+    *,
+    elem: formats.ElementFormat,
+    rounding: str = "rne",
+    key=None,
+) -> Scaled:
+    """No block scale: one FP32 scale per scope, as FP8 "current scaling" in TE.
+
+    scale = min(max_elem / amax_scope, FLT_MAX) (1 where amax is 0), q = elem(clamp(x * scale)),
+    x_hat = q * (1 / scale), as TE's reference does it. Without a scope (outer "none") this is a
+    plain saturating cast.
+    """
+    one = jnp.ones((1,) * xb.ndim, jnp.float32)
+    if amax_scope is None:
+        return Scaled(_elements(xb, elem, rounding, key), one, jnp.float32(1.0))
+    enc = jnp.minimum(jnp.float32(elem.max) / amax_scope, FLT_MAX)
+    bad = (amax_scope == 0) | (enc == 0) | ~jnp.isfinite(enc)
+    enc = jnp.where(bad, jnp.float32(1.0), enc)
+    q = _elements(xb * enc, elem, rounding, key)
+    return Scaled(q, one, _outer(jnp.float32(1.0) / enc, amax_scope))

@@ -1,0 +1,330 @@
+"""Quantized op modules: what `quantize_model` puts at a flax seam.
+
+    QuantizedDot        lax.dot_general of nnx.Linear / LinearGeneral (and so the projections
+                        of nnx.MultiHeadAttention)
+    QuantizedEinsum     einsum_op of nnx.Einsum
+    QuantizedConv       conv_general_dilated of nnx.Conv
+    QuantizedAttention  attention_fn of nnx.MultiHeadAttention: the score and value matmuls
+
+Each is an nnx.Module holding the op's state (`fp4lab.nnx.state`): the quantization stream
+(a base key folded from the model key and the op's path, and a call counter: the key of a
+call is fold_in(base, counter), split per GEMM operand by the plan), delayed-scaling
+histories, and the telemetry probe and forward statistics.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from fp4lab.core import recipes
+from fp4lab.nnx.state import AmaxHistory, GradProbe, OpStats, QuantKey
+from fp4lab.ops.conv import qconv_general_dilated
+from fp4lab.ops.dot_general import qdot_general
+from fp4lab.schema import BWD_OPERANDS, FWD_OPERANDS, STATS
+
+__all__ = [
+    "QuantizedOp",
+    "QuantizedDot",
+    "QuantizedEinsum",
+    "QuantizedConv",
+    "QuantizedAttention",
+    "einsum_dimension_numbers",
+]
+
+
+def _history(recipe: recipes.GemmRecipe, names: tuple[str, ...]) -> tuple[int, str]:
+    specs = [s for n, s in recipe.used_specs().items() if n in names and s is not None]
+    delayed = [s for s in specs if s.amax_history]
+    if not delayed:
+        return 0, "max"
+    return max(s.amax_history for s in delayed), delayed[0].amax_algo
+
+
+class QuantizedOp(nnx.Module):
+    """The state and the quantized GEMM call shared by the op modules below."""
+
+    op = ""  # the seam's op name ("dot_general", "einsum", "conv", "attention")
+    calls = 1  # GEMM calls per op call (attention: scores and values)
+    delayed_scaling = True  # whether amax_history specs are supported here
+
+    def __init__(
+        self,
+        recipe: recipes.GemmRecipe,
+        path: str,
+        key: jax.Array | None,
+        original=None,
+        backend: str = "simulated",
+        telemetry: bool = False,
+    ):
+        self.recipe = recipe
+        self.path = path
+        self.backend = backend
+        self.original = original  # the callable it replaced (restored by unquantize)
+        self._delayed = {
+            "x": _history(recipe, ("fprop_x", "wgrad_x")),
+            "w": _history(recipe, ("fprop_w", "dgrad_w")),
+        }
+        if _history(recipe, ("dgrad_dy", "wgrad_dy"))[0]:
+            raise ValueError(
+                f"{path}: delayed scaling (amax_history) applies to the forward "
+                "tensors x and w; gradients use current scaling"
+            )
+        if not self.delayed_scaling and any(n for n, _ in self._delayed.values()):
+            raise ValueError(
+                f"{path}: delayed scaling is supported for dot_general and einsum ops, "
+                f"not {self.op}"
+            )
+        for name, (length, _) in self._delayed.items():
+            hist = AmaxHistory(jnp.zeros((length,), jnp.float32)) if length else None
+            setattr(self, f"amax_{name}", hist)
+        # telemetry: the gradient channel and the latest forward statistics
+        self.measure = telemetry  # static: telemetry.set_enabled switches it per step
+        if telemetry:
+            n = len(STATS)
+            self.probe = GradProbe(jnp.zeros((self.calls, len(BWD_OPERANDS), n), jnp.float32))
+            self.fstats = OpStats(jnp.zeros((self.calls, len(FWD_OPERANDS), n), jnp.float32))
+        else:
+            self.probe = self.fstats = None
+        if recipe.needs_key:
+            if key is None:
+                raise ValueError(
+                    f"recipe {recipe.name or recipe} at {path!r} needs a key: "
+                    "pass quantize_model(..., key=...)"
+                )
+            self.qbase = QuantKey(jax.random.fold_in(key, zlib.crc32(path.encode())))
+            self.qcount = QuantKey(jnp.zeros((), jnp.uint32))
+        else:
+            self.qbase = self.qcount = None
+
+    def stat_layers(self) -> list[str]:
+        """Telemetry layer names of this op's GEMM calls."""
+        return [self.path]
+
+    def next_key(self) -> jax.Array | None:
+        """The quantization key of this call (None for a deterministic recipe)."""
+        if self.qbase is None:
+            return None
+        count = self.qcount[...]
+        self.qcount[...] = count + 1
+        return jax.random.fold_in(self.qbase[...], count)
+
+    def _delayed_amax(self, name: str, operand) -> jax.Array:
+        """The amax to scale with this step (from the history), and the history updated with
+        this step's amax: TransformerEngine's DelayedScaling, AQT's delayed calibration."""
+        var = getattr(self, f"amax_{name}")
+        hist = var[...]
+        current = jnp.max(jnp.abs(operand)).astype(jnp.float32)
+        algo = self._delayed[name][1]
+        stored = jnp.max(hist) if algo == "max" else hist[0]
+        use = jnp.where(jnp.any(hist > 0), stored, current)  # first step: current scaling
+        var[...] = jnp.concatenate([current[None], hist[:-1]])
+        return use
+
+    def _probe(self, call: int):
+        return self.probe[...][call] if self.probe is not None and self.measure else None
+
+    def _record(self, out, probe, call: int):
+        """The op's output; with telemetry, keeps the forward statistics of `call`."""
+        if probe is None:
+            return out
+        y, stats = out
+        self.fstats[...] = self.fstats[...].at[call].set(stats)
+        return y
+
+    def dot_general(
+        self,
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=None,
+        preferred_element_type=None,
+        out_sharding=None,
+        *,
+        key=None,
+        call: int = 0,
+    ):
+        """qdot_general under this op's recipe, backend, delayed scaling and telemetry."""
+        probe = self._probe(call)
+        amax = {}
+        for name, operand in (("x", lhs), ("w", rhs)):
+            if self._delayed[name][0]:
+                amax[name] = self._delayed_amax(name, operand)
+        out = qdot_general(
+            lhs,
+            rhs,
+            dimension_numbers,
+            self.recipe,
+            key=key,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+            out_sharding=out_sharding,
+            backend=self.backend,
+            probe=probe,
+            amax=amax,
+        )
+        return self._record(out, probe, call)
+
+    def einsum(
+        self,
+        spec,
+        lhs,
+        rhs,
+        precision=None,
+        preferred_element_type=None,
+        out_sharding=None,
+        *,
+        key=None,
+        call: int = 0,
+    ):
+        """A two-operand einsum as a quantized dot_general and a transpose."""
+        dn, perm = einsum_dimension_numbers(spec, lhs.shape, rhs.shape)
+        y = self.dot_general(
+            lhs, rhs, dn, precision, preferred_element_type, out_sharding, key=key, call=call
+        )
+        return jnp.transpose(y, perm)
+
+
+class QuantizedDot(QuantizedOp):
+    """Stands in for lax.dot_general."""
+
+    op = "dot_general"
+
+    def __call__(self, *args, **kwargs):
+        return self.dot_general(*args, key=self.next_key(), **kwargs)
+
+
+class QuantizedEinsum(QuantizedOp):
+    """Stands in for jnp.einsum (nnx.Einsum's einsum_op)."""
+
+    op = "einsum"
+
+    def __call__(self, *args, **kwargs):
+        return self.einsum(*args, key=self.next_key(), **kwargs)
+
+
+class QuantizedConv(QuantizedOp):
+    """Stands in for lax.conv_general_dilated."""
+
+    op = "conv"
+    delayed_scaling = False
+
+    def __call__(self, *args, **kwargs):
+        probe = self._probe(0)
+        out = qconv_general_dilated(
+            *args, recipe=self.recipe, key=self.next_key(), probe=probe, **kwargs
+        )
+        return self._record(out, probe, 0)
+
+
+class QuantizedAttention(QuantizedOp):
+    """Stands in for nnx.dot_product_attention: quantized score (q.k) and value (p.v) matmuls."""
+
+    op = "attention"
+    calls = 2
+    delayed_scaling = False
+
+    def stat_layers(self) -> list[str]:
+        return [f"{self.path}.scores", f"{self.path}.values"]
+
+    def __call__(
+        self,
+        query,
+        key_,
+        value,
+        bias=None,
+        mask=None,
+        broadcast_dropout=True,
+        dropout_rng=None,
+        dropout_rate=0.0,
+        deterministic=False,
+        dtype=None,
+        precision=None,
+        module=None,
+        is_causal=False,
+        **unused,
+    ):
+        if unused:
+            raise ValueError(f"quantized attention got unsupported arguments {sorted(unused)}")
+        key = self.next_key()
+        k_s = k_v = None
+        if key is not None:
+            k_s, k_v = jax.random.split(key)
+        dtype = dtype or query.dtype
+        q_heads, k_heads = query.shape[-2], key_.shape[-2]
+        if q_heads != k_heads:  # grouped-query attention: repeat the key/value heads
+            key_ = jnp.repeat(key_, q_heads // k_heads, axis=-2)
+            value = jnp.repeat(value, q_heads // k_heads, axis=-2)
+        query = query / jnp.sqrt(query.shape[-1]).astype(dtype)
+        w = self.einsum("...qhd,...khd->...hqk", query, key_, precision, key=k_s, call=0)
+        if bias is not None:
+            w = w + bias
+        if mask is not None or is_causal:
+            masks = [] if mask is None else [mask]
+            if is_causal:
+                t, s = w.shape[-2:]
+                masks.append(jnp.broadcast_to(jnp.tril(jnp.ones((t, s), bool)), w.shape))
+            combined = masks[0].astype(bool)
+            for m in masks[1:]:
+                combined = combined & m.astype(bool)
+            w = jnp.where(combined, w, jnp.finfo(dtype).min)
+        w = jax.nn.softmax(w).astype(dtype)
+        if module is not None:
+            module.sow(nnx.Intermediate, "attention_weights", w)
+        if not deterministic and dropout_rate > 0.0:
+            keep = 1.0 - dropout_rate
+            shape = list(w.shape)
+            if broadcast_dropout:
+                shape[:-2] = [1] * (len(shape) - 2)
+            mask_d = jax.random.bernoulli(dropout_rng, keep, shape)
+            w = jnp.where(mask_d, w / keep, 0.0).astype(dtype)
+        return self.einsum("...hqk,...khd->...qhd", w, value, precision, key=k_v, call=1)
+
+
+def einsum_dimension_numbers(spec: str, lhs_shape, rhs_shape):
+    """dot_general dimension numbers and output permutation of a two-operand einsum.
+
+    Supports batch letters (in both inputs and the output), contracted letters (in both
+    inputs only), free letters and a leading/trailing '...'. Returns (dn, perm) such that
+    einsum(spec, a, b) == transpose(dot_general(a, b, dn), perm).
+    """
+    s = spec.replace(" ", "")
+    if "->" not in s:
+        raise ValueError(f"einsum {spec!r} needs an explicit output ('->')")
+    ins, out = s.split("->")
+    a, b = ins.split(",")
+    a, b, out = _expand_ellipsis(a, len(lhs_shape), b, len(rhs_shape), out)
+    for name, t in (("lhs", a), ("rhs", b), ("output", out)):
+        if len(set(t)) != len(t):
+            raise ValueError(f"einsum {spec!r}: repeated index in the {name} is not supported")
+    for c in a + b:
+        if c not in out and not (c in a and c in b):
+            raise ValueError(f"einsum {spec!r}: index {c!r} is summed in one operand only")
+    batch = [c for c in a if c in b and c in out]
+    contract = [c for c in a if c in b and c not in out]
+    dn = (
+        (tuple(a.index(c) for c in contract), tuple(b.index(c) for c in contract)),
+        (tuple(a.index(c) for c in batch), tuple(b.index(c) for c in batch)),
+    )
+    result = batch + [c for c in a if c not in b] + [c for c in b if c not in a]
+    return dn, tuple(result.index(c) for c in out)
+
+
+def _expand_ellipsis(a, na, b, nb, out):
+    if "..." not in a + b + out:
+        return a, b, out
+    used = set(a + b + out) - {"."}
+    spare = iter(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used)
+    n = max(na - (len(a) - 3) if "..." in a else 0, nb - (len(b) - 3) if "..." in b else 0)
+    fill = "".join(next(spare) for _ in range(n))
+
+    def sub(t, nt):
+        if "..." not in t:
+            return t
+        k = nt - (len(t) - 3)
+        return t.replace("...", fill[n - k :])
+
+    return sub(a, na), sub(b, nb), out.replace("...", fill)

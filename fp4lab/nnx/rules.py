@@ -1,0 +1,178 @@
+"""Unmodified Flax NNX models under per-layer quantization rules.
+
+    rules = [fl.Rule(r".*lm_head.*", None),            # first match wins; None = high precision
+             fl.Rule(r".*blocks\\.(6|7)\\..*", "bf16"),
+             fl.Rule(r".*", "nvfp4")]
+    fl.quantize_model(model, rules, key=jax.random.key(0))   # in place
+    print(fl.describe(model))                                 # path, op, recipe
+
+Injection uses flax's own seams: `dot_general` of nnx.Linear and nnx.LinearGeneral (and so the
+query/key/value/out projections of nnx.MultiHeadAttention), `einsum_op` of nnx.Einsum,
+`conv_general_dilated` of nnx.Conv, and, for the op "attention" that rules must opt into,
+`attention_fn` of nnx.MultiHeadAttention (the score and value matmuls). Module paths are the
+dotted nnx graph paths ("blocks.0.mlp.up").
+
+Stochastic rounding and random Hadamard signs draw keys from a dedicated quantization stream:
+each quantized op (`fp4lab.nnx.op`) holds a base key folded from the model key and its path, and
+a call counter; the key of a call is fold_in(base, counter), split per GEMM operand by the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+
+import jax
+from flax import nnx
+
+from fp4lab.core import recipes
+from fp4lab.nnx.op import (
+    QuantizedAttention,
+    QuantizedConv,
+    QuantizedDot,
+    QuantizedEinsum,
+    QuantizedOp,
+)
+
+__all__ = ["Rule", "quantize_model", "describe", "unquantize", "OPS"]
+
+OPS = ("dot_general", "einsum", "conv", "attention")
+_DEFAULT_OPS = ("dot_general", "einsum", "conv")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """Quantize modules whose dotted path fully matches `path` with `recipe`.
+
+    recipe: a GemmRecipe, a recipe name or None (keep high precision).
+    ops: which seams the rule applies to; "attention" (the score and value matmuls inside
+    nnx.MultiHeadAttention) is opt-in.
+    """
+
+    path: str  # regular expression, matched against the whole dotted path
+    recipe: recipes.GemmRecipe | str | None  # what to run the matched GEMMs with
+    ops: tuple[str, ...] = _DEFAULT_OPS  # seams this rule covers
+
+    def __post_init__(self):
+        try:
+            re.compile(self.path)
+        except re.error as e:
+            raise ValueError(f"Rule.path {self.path!r} is not a valid regex: {e}") from e
+        recipes.get(self.recipe)  # unknown names raise, listing the known ones
+        ops = (self.ops,) if isinstance(self.ops, str) else tuple(self.ops)
+        bad = [o for o in ops if o not in OPS]
+        if bad:
+            raise ValueError(f"Rule.ops has unknown ops {bad}; allowed: {', '.join(OPS)}")
+        object.__setattr__(self, "ops", ops)
+
+    def matches(self, path: str, op: str) -> bool:
+        return op in self.ops and re.fullmatch(self.path, path) is not None
+
+
+_SEAMS = {  # flax module -> (op name, the attribute holding the op)
+    nnx.Linear: ("dot_general", "dot_general"),
+    nnx.LinearGeneral: ("dot_general", "dot_general"),
+    nnx.Einsum: ("einsum", "einsum_op"),
+    nnx.Conv: ("conv", "conv_general_dilated"),
+    nnx.MultiHeadAttention: ("attention", "attention_fn"),
+}
+_OP_MODULES = {
+    cls.op: cls for cls in (QuantizedDot, QuantizedEinsum, QuantizedConv, QuantizedAttention)
+}
+
+
+def _seam(module) -> tuple[str, str] | None:
+    for cls, seam in _SEAMS.items():
+        if type(module) is cls:
+            return seam
+    for cls, seam in _SEAMS.items():
+        if isinstance(module, cls):
+            return seam
+    return None
+
+
+def _dotted(path) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def quantize_model(
+    model: nnx.Module,
+    rules,
+    *,
+    key: jax.Array | None = None,
+    backend: str = "simulated",
+    telemetry: bool = False,
+) -> nnx.Module:
+    """Puts every matching GEMM of an unmodified nnx model under its rule's recipe, in place.
+
+    Args:
+      model: an nnx.Module built from nnx.Linear, LinearGeneral, Einsum, Conv and
+        MultiHeadAttention (any nesting).
+      rules: ordered fl.Rule list; for each module and op the first matching rule wins.
+        Modules that no rule matches, or whose rule says None, stay in high precision.
+      key: the quantization stream's key; required when a recipe uses stochastic rounding or
+        random Hadamard signs.
+      backend: "simulated", "native" or "auto" for the forward GEMMs (fp4lab.ops.native).
+      telemetry: measure operand statistics of every quantized GEMM (fp4lab.nnx.telemetry); off,
+        it costs nothing.
+    Returns:
+      The same model. A rule that matches nothing triggers a warning.
+    """
+    rules = [r if isinstance(r, Rule) else Rule(*r) for r in rules]
+    used = [False] * len(rules)
+    targets = []
+    for path, module in nnx.iter_modules(model):
+        seam = _seam(module)
+        if seam is None:
+            continue
+        op, attr = seam
+        dotted = _dotted(path)
+        for i, rule in enumerate(rules):
+            if rule.matches(dotted, op):
+                used[i] = True
+                targets.append((module, attr, op, dotted, recipes.get(rule.recipe)))
+                break
+    for module, attr, op, dotted, recipe in targets:
+        current = getattr(module, attr)
+        original = current.original if isinstance(current, QuantizedOp) else current
+        if recipe is None:
+            setattr(module, attr, nnx.static(original))
+        else:  # a submodule holding the op's state; nnx.data marks it as a child node
+            qop = _OP_MODULES[op](recipe, dotted, key, original, backend, telemetry)
+            setattr(module, attr, nnx.data(qop))
+    for rule, u in zip(rules, used, strict=True):
+        if not u:
+            warnings.warn(f"quantize_model: rule {rule.path!r} matched no module", stacklevel=2)
+    return model
+
+
+def describe(model: nnx.Module):
+    """One row per quantizable seam: module path, op, recipe name ("-" = high precision).
+
+    Returns a pandas DataFrame (pandas is imported here, so that training processes that never
+    describe a model do not load it).
+    """
+    import pandas as pd
+
+    rows = []
+    for path, module in nnx.iter_modules(model):
+        seam = _seam(module)
+        if seam is None:
+            continue
+        op, attr = seam
+        current = getattr(module, attr)
+        name = "-"
+        if isinstance(current, QuantizedOp):
+            name = current.recipe.name or "custom"
+        rows.append({"path": _dotted(path), "op": op, "recipe": name})
+    return pd.DataFrame(rows, columns=["path", "op", "recipe"])
+
+
+def unquantize(model: nnx.Module) -> nnx.Module:
+    """Restores every seam quantize_model replaced, in place."""
+    for _, module in nnx.iter_modules(model):
+        seam = _seam(module)
+        if seam is not None and isinstance(getattr(module, seam[1]), QuantizedOp):
+            setattr(module, seam[1], nnx.static(getattr(module, seam[1]).original))
+    return model

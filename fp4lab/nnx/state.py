@@ -1,0 +1,33 @@
+"""The state a quantized op keeps in the model, as nnx Variable types.
+
+    QuantKey      quantization-stream state: the op's base key and call counter
+    AmaxHistory   delayed scaling: the last n amaxes of an operand, most recent first
+    GradProbe     telemetry's gradient channel: a zero input whose cotangent is the op's
+                  backward statistics (docs/architecture.md §5)
+    OpStats       telemetry: the forward statistics of the op's latest call
+
+Distinct Variable types let a caller select each kind with nnx filters (e.g. differentiate
+Params and GradProbes together, or split the quantization keys out of a model's state).
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+
+__all__ = ["QuantKey", "AmaxHistory", "GradProbe", "OpStats"]
+
+
+class QuantKey(nnx.Variable):
+    """Quantization-stream state of one op: base key and call counter."""
+
+
+class AmaxHistory(nnx.Variable):
+    """Delayed scaling: the last n amaxes of an operand, most recent first (zeros: none yet)."""
+
+
+class GradProbe(nnx.Variable):
+    """A zero input of a quantized op whose cotangent carries its backward statistics."""
+
+
+class OpStats(nnx.Variable):
+    """Forward statistics of a quantized op's latest call."""

@@ -1,0 +1,168 @@
+"""The per-GEMM operand plan, shared by every quantized op (dot_general, einsum, conv).
+
+A linear op's training step runs three GEMMs (docs/architecture.md §3):
+
+    Fprop  y  = Q(x) . Q(w)          both quantized along the contraction axis
+    Dgrad  dx = Q(dy) . Q(w)^T       along the output-feature axis
+    Wgrad  dw = Q(x)^T . Q(dy)       along the token (batch) axis
+
+`Gemm` is the static description of one quantized op (its recipe and its underlying GEMM);
+its `forward` and `grads` quantize the operands that the recipe and the backward mode choose,
+in the op's layout (`fp4lab.ops.layout`), and run the GEMMs that `jax.vjp` of the plain op
+runs on them, so a recipe without quantization is bit-identical to the plain op in values and
+gradients. With telemetry, each quantized operand also yields the statistics of
+`fp4lab.core.stats` (zeros for an operand left unquantized).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from fp4lab.core import hadamard, recipes
+from fp4lab.core.quantize import quantize_dequantize
+from fp4lab.core.spec import QuantSpec
+from fp4lab.core.stats import operand_stats
+from fp4lab.schema import BWD_OPERANDS, OPERAND_NAMES, STATS
+
+__all__ = ["Gemm", "operand_keys", "quantize_operand", "resolve_recipe"]
+
+_TRANSFORM_INDEX = {"fprop": 100, "dgrad": 101, "wgrad": 102}
+
+
+def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
+    """Independent keys for the six operands and the three GEMM rotations of one call:
+    operand i of `OPERAND_NAMES` gets fold_in(key, i), GEMM g's rotation `<g>_transform`."""
+    ks = {name: jax.random.fold_in(key, i) for i, name in enumerate(OPERAND_NAMES)}
+    ks |= {f"{g}_transform": jax.random.fold_in(key, i) for g, i in _TRANSFORM_INDEX.items()}
+    return ks
+
+
+def resolve_recipe(recipe, key) -> tuple[recipes.GemmRecipe, jax.Array]:
+    """(GemmRecipe, key) for a quantized op: names looked up, None = no quantization; a key is
+    required where the recipe draws random numbers, and a fixed unused one stands in elsewhere."""
+    recipe = recipes.get(recipe) or recipes.GemmRecipe()
+    if recipe.needs_key and key is None:
+        raise ValueError(
+            f"recipe {recipe.name or recipe} needs a PRNG key (stochastic rounding "
+            "or random Hadamard signs); pass key=..."
+        )
+    if key is None:
+        key = jax.random.key(0)  # never consumed: the recipe is deterministic
+    return recipe, key
+
+
+def _along(a, axis: int, fn):
+    """fn applied with `axis` moved last (Hadamard rotations act on the last axis)."""
+    return jnp.moveaxis(fn(jnp.moveaxis(a, axis, -1)), -1, axis)
+
+
+def quantize_operand(
+    a, spec: QuantSpec | None, axis: int, transform, key, tkey, stats: bool, amax=None
+):
+    """Quantize-dequantize one operand along `axis`, rotated by its GEMM's transform.
+
+    Returns (x_hat in the rotated domain, statistics or None); the statistics are zeros for an
+    unquantized operand. `amax` (delayed scaling) is used only where the spec asks for it.
+    """
+    none = jnp.zeros(len(STATS), jnp.float32) if stats else None
+    if spec is None and transform is None:
+        return a, none
+    if spec is None:  # unquantized operand of a rotated GEMM: rotate only
+        rotated = _along(a, axis, lambda m: hadamard.rotate(m, transform, tkey))
+        return rotated.astype(a.dtype), none
+    spec = spec.replace(axis=axis, transform=transform)
+    amax = amax if spec.amax_history else None
+    if stats:
+        return operand_stats(a, spec, key=key, transform_key=tkey, amax=amax)
+    return quantize_dequantize(a, spec, key=key, transform_key=tkey, amax=amax, rotated=True), None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Gemm:
+    """One quantized op: a hashable, static value (the custom VJP's non-differentiable input).
+
+    Subclasses say what the op computes (`gemm`) and how its operands are laid out for
+    quantization (`layout`); the plan below is the same for all of them.
+    """
+
+    recipe: recipes.GemmRecipe
+    telemetry: bool = False  # measure operand statistics (forward output, backward probe)
+
+    def gemm(self, a, b):
+        """The op on (dequantized) operands, e.g. lax.dot_general with fixed arguments."""
+        raise NotImplementedError
+
+    def layout(self, lhs_shape, rhs_shape):
+        """The operand layout (`fp4lab.ops.layout`) for operands of these shapes."""
+        raise NotImplementedError
+
+    def fprop_operands(self, lhs, rhs, keys, amax, *, rotated: bool, stats: bool):
+        """Dequantized Fprop operands in the original layout (in the rotated domain if
+        `rotated`), and their statistics (2, len(STATS)) or None."""
+        r = self.recipe
+        lay = self.layout(lhs.shape, rhs.shape)
+        t, tkey = r.transform("fprop"), keys["fprop_transform"]
+        ax, aw = lay.axes["fprop_x"], lay.axes["fprop_w"]
+        x, sx = quantize_operand(
+            lay.lhs_to(lhs), r.fprop_x, ax, t, keys["fprop_x"], tkey, stats, amax.get("x")
+        )
+        w, sw = quantize_operand(
+            lay.rhs_to(rhs), r.fprop_w, aw, t, keys["fprop_w"], tkey, stats, amax.get("w")
+        )
+        if t is not None and not rotated:
+            x = _along(x, ax, lambda m: hadamard.unrotate(m, t, tkey)).astype(lhs.dtype)
+            w = _along(w, aw, lambda m: hadamard.unrotate(m, t, tkey)).astype(rhs.dtype)
+        return lay.lhs_from(x), lay.rhs_from(w), (jnp.stack([sx, sw]) if stats else None)
+
+    def backward_operands(self, lhs, rhs, g, keys, amax):
+        """(w for Dgrad, dy for Dgrad, x for Wgrad, dy for Wgrad) in the original layouts, as
+        the backward mode says, and the statistics (4, len(STATS)) of `BWD_OPERANDS` or None."""
+        r, on = self.recipe, self.telemetry
+        zeros = jnp.zeros((len(BWD_OPERANDS), len(STATS)), jnp.float32) if on else None
+        if r.backward == "high_precision":
+            return (rhs, g, lhs, g), zeros
+        if r.backward == "dequantized":
+            x_hat, w_hat, _ = self.fprop_operands(lhs, rhs, keys, amax, rotated=False, stats=False)
+            return (w_hat, g, x_hat, g), zeros
+        lay = self.layout(lhs.shape, rhs.shape)
+        dy = lay.dy_to(g)
+        td, tw = r.transform("dgrad"), r.transform("wgrad")
+        kd, kw = keys["dgrad_transform"], keys["wgrad_transform"]
+        axes = lay.axes
+        dy_d, s0 = quantize_operand(dy, r.dgrad_dy, axes["dgrad_dy"], td, keys["dgrad_dy"], kd, on)
+        w_d, s1 = quantize_operand(
+            lay.rhs_to(rhs), r.dgrad_w, axes["dgrad_w"], td, keys["dgrad_w"], kd, on, amax.get("w")
+        )
+        x_w, s2 = quantize_operand(
+            lay.lhs_to(lhs), r.wgrad_x, axes["wgrad_x"], tw, keys["wgrad_x"], kw, on, amax.get("x")
+        )
+        dy_w, s3 = quantize_operand(dy, r.wgrad_dy, axes["wgrad_dy"], tw, keys["wgrad_dy"], kw, on)
+        operands = (
+            lay.rhs_from(w_d),
+            dy_d.reshape(g.shape),
+            lay.lhs_from(x_w),
+            dy_w.reshape(g.shape),
+        )
+        return operands, (jnp.stack([s0, s1, s2, s3]) if on else None)
+
+    def forward(self, lhs, rhs, aux):
+        """y, or (y, forward statistics) with telemetry. aux = (key, amax)."""
+        key, amax = aux
+        x_hat, w_hat, stats = self.fprop_operands(
+            lhs, rhs, operand_keys(key), amax, rotated=True, stats=self.telemetry
+        )
+        y = self.gemm(x_hat, w_hat)
+        return (y, stats) if self.telemetry else y
+
+    def grads(self, lhs, rhs, g, aux):
+        """(dx, dw, backward statistics or None): Dgrad and Wgrad on the chosen operands."""
+        key, amax = aux
+        (w_d, dy_d, x_w, dy_w), stats = self.backward_operands(lhs, rhs, g, operand_keys(key), amax)
+        _, vjp_lhs = jax.vjp(lambda a: self.gemm(a, w_d), lhs)
+        _, vjp_rhs = jax.vjp(lambda b: self.gemm(x_w, b), rhs)
+        (dx,) = vjp_lhs(dy_d.astype(g.dtype))
+        (dw,) = vjp_rhs(dy_w.astype(g.dtype))
+        return dx, dw, stats

@@ -1,0 +1,69 @@
+"""The one custom VJP every quantized op runs under.
+
+    y = apply(gemm, lhs, rhs, aux)                  # gemm: an `fp4lab.ops.plan.Gemm`
+    y, fwd_stats = apply(gemm, lhs, rhs, aux, probe)   # with telemetry (gemm.telemetry=True)
+
+The forward runs `gemm.forward`, the backward `gemm.grads`, each one compiled computation per
+(gemm, shapes), also when called eagerly (op-by-op dispatch of the quantizer's many small ops is
+slow). The gradient channel: with telemetry the op takes a zero `probe` input, and the probe's
+cotangent is the backward statistics, so they leave the VJP like any gradient and model code
+does not change (docs/architecture.md §5).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+__all__ = ["apply"]
+
+
+def _forward(gemm, lhs, rhs, aux):
+    return gemm.forward(lhs, rhs, aux)
+
+
+def _grads(gemm, lhs, rhs, g, aux):
+    return gemm.grads(lhs, rhs, g, aux)
+
+
+_forward = jax.jit(_forward, static_argnums=0)
+_grads = jax.jit(_grads, static_argnums=0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _vjp(gemm, lhs, rhs, aux, probe):
+    del probe
+    return _forward(gemm, lhs, rhs, aux)
+
+
+def _vjp_fwd(gemm, lhs, rhs, aux, probe):
+    del probe
+    return _forward(gemm, lhs, rhs, aux), (lhs, rhs, aux)
+
+
+def _vjp_bwd(gemm, res, cotangent):
+    lhs, rhs, aux = res
+    g = cotangent[0] if gemm.telemetry else cotangent
+    dx, dw, stats = _grads(gemm, lhs, rhs, g, aux)
+    return dx, dw, None, stats
+
+
+_vjp.defvjp(_vjp_fwd, _vjp_bwd)
+
+
+def apply(gemm, lhs, rhs, aux, probe=None):
+    """Runs `gemm` on (lhs, rhs) under the custom VJP.
+
+    Args:
+      gemm: a static `Gemm`; `gemm.telemetry` must be True exactly when `probe` is given.
+      lhs, rhs: the op's operands.
+      aux: (key, amax dict), not differentiated.
+      probe: telemetry's zero input of shape (len(BWD_OPERANDS), len(STATS)), or None.
+    Returns:
+      y, or (y, forward statistics) with telemetry; the probe's cotangent carries the backward
+      statistics.
+    """
+    if gemm.telemetry != (probe is not None):
+        raise ValueError("apply: pass a probe exactly when gemm.telemetry is True")
+    return _vjp(gemm, lhs, rhs, aux, probe)

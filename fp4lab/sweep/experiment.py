@@ -1,0 +1,170 @@
+"""Experiment files: the base config, the grid of cells and their seeds.
+
+An experiment file is plain Python with two functions:
+
+    def get_config():            # the base Config (or a dict of overrides of Config())
+        return fl.Config(task="markov", steps=300, ...)
+
+    def sweep(add):              # the grid: one add(...) per cell
+        for recipe in ("bf16", "nvfp4"):
+            add(recipe=recipe, seeds=4)
+
+`add(label=None, seeds=None, **overrides)` adds a cell: the base config with `overrides`. `seeds`
+is an int n (seeds 0..n-1, the same integer in every stream), a dict {"init": [...],
+"data": [...], "quant": [...]} (the product of the lists; a missing stream is [0]), or a list
+of (init, data, quant) triples. A module-level `SEEDS` sets the default (else 1). Everything is
+validated when the file is loaded, before anything runs; errors name the file, the line of the
+`add` call, the field and the allowed values. An optional `analyze(results)` returns
+{name: DataFrame}: the experiment's own tables, which `fp4lab run` prints and writes to
+`<out>/<name>.csv` once the sweep is done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fp4lab.schema import STREAMS
+from fp4lab.sweep.store import run_id
+from fp4lab.train import config as C
+
+__all__ = ["Cell", "Experiment", "ExperimentError", "load_experiment", "seed_triples"]
+
+
+class ExperimentError(ValueError):
+    """An experiment file that cannot run: where, which field, what is allowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One grid point: a resolved config and its seed triples (init, data, quant)."""
+
+    label: str
+    overrides: dict[str, Any]
+    config: C.Config
+    seeds: tuple[tuple[int, int, int], ...]
+    where: str = ""  # file:line of the add() call
+
+    def run_ids(self) -> list[str]:
+        cfg = self.config.to_dict()
+        return [run_id(cfg, s) for s in self.seeds]
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    name: str
+    path: str
+    base: C.Config
+    cells: tuple[Cell, ...]
+    # the file's optional analyze(results) -> {name: DataFrame}, run by `fp4lab run` at the end
+    analyze: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "file": Path(self.path).name,
+            "cells": [
+                {"label": c.label, "overrides": c.overrides, "run_ids": c.run_ids()}
+                for c in self.cells
+            ],
+        }
+
+    @property
+    def n_runs(self) -> int:
+        return sum(len(c.seeds) for c in self.cells)
+
+
+def seed_triples(seeds) -> tuple[tuple[int, int, int], ...]:
+    """Seed triples (init, data, quant) from an int, a per-stream dict or a list of triples."""
+    if isinstance(seeds, bool):
+        raise ExperimentError(f"seeds={seeds!r}; allowed: an int, a dict or a list of triples")
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise ExperimentError(f"seeds={seeds}; must be >= 1")
+        return tuple((i, i, i) for i in range(seeds))
+    if isinstance(seeds, dict):
+        bad = sorted(set(seeds) - set(STREAMS))
+        if bad:
+            raise ExperimentError(f"seeds has unknown streams {bad}; allowed: {STREAMS}")
+        lists = [list(seeds.get(s, [0])) for s in STREAMS]
+        for s, values in zip(STREAMS, lists, strict=True):
+            if not values or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in values
+            ):
+                raise ExperimentError(f"seeds[{s!r}]={values!r}; must be a non-empty list of ints")
+        return tuple(itertools.product(*lists))
+    try:
+        triples = tuple(tuple(int(v) for v in t) for t in seeds)
+    except (TypeError, ValueError):
+        triples = ()
+    if not triples or any(len(t) != 3 for t in triples):
+        raise ExperimentError(
+            f"seeds={seeds!r}; allowed: an int n, {{'init': [...], 'data': [...], "
+            "'quant': [...]}, or a list of (init, data, quant) triples"
+        )
+    return triples
+
+
+def _label(overrides: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in overrides.items()) or "base"
+
+
+def load_experiment(
+    path: str | Path, *, seeds: int | None = None, steps: int | None = None
+) -> Experiment:
+    """Loads and validates an experiment file. `seeds` and `steps` override every cell."""
+    path = Path(path)
+    if not path.is_file():
+        raise ExperimentError(f"{path}: no such experiment file")
+    spec = importlib.util.spec_from_file_location(f"fp4lab_experiment_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise ExperimentError(f"{path}: the file raised {type(e).__name__}: {e}") from e
+    for fn in ("get_config", "sweep"):
+        if not callable(getattr(module, fn, None)):
+            raise ExperimentError(f"{path}: defines no {fn}(); an experiment needs get_config()")
+    try:
+        base = module.get_config()
+        base = C.make(base) if isinstance(base, dict) else base
+    except C.ConfigError as e:
+        raise ExperimentError(f"{path}: get_config(): {e}") from e
+    if not isinstance(base, C.Config):
+        raise ExperimentError(f"{path}: get_config() returned {type(base).__name__}; need Config")
+    if steps is not None:
+        base = base.replace(steps=steps)
+    default_seeds = getattr(module, "SEEDS", 1)
+    forced_seeds = seeds
+    cells: list[Cell] = []
+
+    def add(label: str | None = None, *, seeds: Any = None, **overrides):
+        frame = sys._getframe(1)
+        where = f"{path}:{frame.f_lineno}" if frame.f_code.co_filename == str(path) else str(path)
+        try:
+            if steps is not None:
+                overrides.pop("steps", None)
+            cfg = C.make(overrides, base)
+            chosen = next(s for s in (forced_seeds, seeds, default_seeds) if s is not None)
+            triples = seed_triples(chosen)
+        except (C.ConfigError, ExperimentError) as e:
+            raise ExperimentError(f"{where}: cell {_label(overrides)}: {e}") from e
+        cells.append(Cell(label or _label(overrides), dict(overrides), cfg, triples, where))
+
+    module.sweep(add)
+    if not cells:
+        raise ExperimentError(f"{path}: sweep(add) added no cells")
+    labels = [c.label for c in cells]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise ExperimentError(f"{path}: cells with the same label {dupes}")
+    name = getattr(module, "NAME", path.stem)
+    analyze = getattr(module, "analyze", None)
+    if analyze is not None and not callable(analyze):
+        raise ExperimentError(f"{path}: analyze is {type(analyze).__name__}; need a function")
+    return Experiment(name=name, path=str(path), base=base, cells=tuple(cells), analyze=analyze)

@@ -1,0 +1,278 @@
+"""The training configuration: one frozen, validated, JSON-able value per run.
+
+A `Config` says everything a run depends on except its seeds: the task, the model, the optimizer,
+the precision (recipe, per-GEMM overrides, per-layer rules, phases), loss scaling, divergence
+detection and the target loss. It is printable, comparable and hashable; `to_dict` gives plain
+JSON, which the store hashes (with the seeds) into the run id.
+
+Precision is written with names, so a config stays a value:
+
+    recipe="nvfp4"                        every quantizable GEMM under NVFP4
+    gemms={"wgrad": "bf16"}               ... except the weight-gradient GEMM, taken from bf16
+    backward="dequantized"                override the recipe's backward mode
+    rules=((r"lm_head", "bf16"),)         per-layer exceptions, first match wins, before ".*"
+    phases=((0.9, "bf16"),)               from 90 % of the steps on, everything in bf16
+    phases=((0.9, {"gemms": {"fprop": "bf16"}}),)   ... or only the forward GEMM
+
+Errors name the field, the bad value and what is allowed, and are raised when the config is
+made (before anything runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from typing import Any
+
+from fp4lab import schema
+from fp4lab.core import recipes
+from fp4lab.schema import BACKENDS
+
+__all__ = ["Config", "ConfigError", "TASKS", "OPTIMIZERS", "SCHEDULES", "LOSS_SCALING", "make"]
+
+TASKS = ("markov", "teacher", "text")
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("constant", "cosine", "linear")
+LOSS_SCALING = ("none", "static", "dynamic")
+DTYPES = ("float32", "bfloat16", "float16")
+_PHASE_KEYS = ("recipe", "gemms", "backward", "rules")
+
+
+class ConfigError(ValueError):
+    """A bad config field: the message names the field, the value and what is allowed."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """Everything a training run depends on except its seeds."""
+
+    # task (its own seed fixes the task itself, e.g. the Markov chain; streams do not touch it)
+    task: str = "markov"  # "markov" | "teacher" | "text"
+    task_seed: int = 0  # seeds the Markov chain or the teacher network
+    vocab: int = 32  # markov: number of tokens
+    order: int = 1  # markov: tokens of context (1 or 2)
+    branching: int = 4  # markov: allowed next tokens per context
+    alpha: float = 1.0  # markov: Dirichlet concentration of each row
+    text_path: str = ""  # text: the file to train on (characters are tokens)
+    din: int = 64  # teacher: input width
+    dout: int = 16  # teacher: output width
+    teacher_hidden: tuple[int, ...] = (64,)  # teacher: hidden widths
+    outlier_channels: int = 0  # teacher: this many input channels scaled by outlier_scale
+    outlier_scale: float = 10.0  # teacher: the outlier factor
+    # model (markov/text: the Llama-style Transformer; teacher: the MLP)
+    d_model: int = 64  # residual width
+    n_layers: int = 2  # blocks
+    n_heads: int = 4  # attention heads
+    d_ff: int = 128  # SwiGLU width
+    hidden: tuple[int, ...] = (128, 128)  # MLP hidden widths
+    seq_len: int = 32  # tokens per sequence
+    dtype: str = "float32"  # model compute dtype (parameters stay float32)
+    # optimization
+    steps: int = 200  # optimizer steps
+    batch_size: int = 16  # sequences (or examples) per step
+    optimizer: str = "adamw"  # "adamw" | "sgd" (with momentum)
+    lr: float = 3e-3  # peak learning rate
+    weight_decay: float = 0.0  # decoupled weight decay (adamw)
+    b1: float = 0.9  # adamw beta1
+    b2: float = 0.95  # adamw beta2
+    eps: float = 1e-8  # adamw epsilon
+    momentum: float = 0.9  # sgd momentum
+    schedule: str = "cosine"  # "constant" | "cosine" | "linear" decay after warmup
+    warmup: int = 10  # linear warmup steps
+    min_lr_ratio: float = 0.1  # final lr / peak lr for cosine and linear
+    clip_norm: float = 1.0  # global-norm gradient clipping (0: off)
+    # precision
+    recipe: str = "fp32"  # named recipe for every quantizable GEMM (fp4lab.recipes.names())
+    gemms: tuple[tuple[str, str], ...] = ()  # per-GEMM overrides: {"wgrad": "bf16"}
+    backward: str = ""  # override the recipe's backward mode ("" keeps it)
+    rules: tuple[tuple[str, str | None], ...] = ()  # (path regex, recipe or None), before ".*"
+    phases: tuple[tuple[float, Any], ...] = ()  # (start step or fraction, recipe or overrides)
+    backend: str = "simulated"  # forward GEMMs: "simulated" | "native" | "auto"
+    loss_scaling: str = "none"  # "none" | "static" | "dynamic" (grow / back off on overflow)
+    loss_scale: float = 2.0**15  # static scale, or the initial dynamic one
+    growth_interval: int = 100  # dynamic: finite steps before the scale doubles
+    # measurement
+    telemetry_every: int = 0  # operand statistics every k steps (0: off)
+    shadow: bool = False  # with telemetry: also the exact gradient and its gnr
+    eval_batches: int = 8  # held-out batches at the end (0: final loss = last 10 % of train)
+    spike_factor: float = 5.0  # divergence: loss above this many times the running median
+    spike_window: int = 20  # ... of the last this many steps
+    stop_on_divergence: bool = False  # freeze the run at its first divergence (else carry on)
+    target_loss: float | None = None  # tokens-to-target threshold on the smoothed train loss
+    target_gap: float | None = None  # ... or this far above the task's floor
+    target_window: int = 10  # steps averaged for the smoothed loss
+    # execution
+    seed_batch: int = 4  # seeds per vmapped call; fewer are padded, so bits never depend on it
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name), f.default))
+        _choice("task", self.task, TASKS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("loss_scaling", self.loss_scaling, LOSS_SCALING)
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("backend", self.backend, BACKENDS)
+        positive = ("vocab", "branching", "din", "dout", "d_model", "n_layers", "n_heads")
+        positive += ("d_ff", "seq_len", "steps", "batch_size", "target_window", "seed_batch")
+        positive += ("spike_window", "growth_interval")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"Config.{name}={getattr(self, name)!r}; must be >= 1")
+        for name in ("warmup", "telemetry_every", "outlier_channels", "eval_batches"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"Config.{name}={getattr(self, name)!r}; must be >= 0")
+        for name in ("lr", "loss_scale", "spike_factor", "outlier_scale", "alpha"):
+            if not getattr(self, name) > 0 or not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"Config.{name}={getattr(self, name)!r}; must be finite and > 0")
+        if self.order not in (1, 2):
+            raise ConfigError(f"Config.order={self.order!r}; allowed: 1, 2")
+        if self.task == "text" and not self.text_path:
+            raise ConfigError("Config.text_path is empty; the text task needs a file")
+        if self.outlier_channels > self.din:
+            raise ConfigError(f"Config.outlier_channels={self.outlier_channels} > din={self.din}")
+        if self.shadow and not self.telemetry_every:
+            raise ConfigError("Config.shadow=True needs telemetry_every >= 1")
+        if self.target_loss is not None and self.target_gap is not None:
+            raise ConfigError("Config.target_loss and Config.target_gap: set at most one")
+        _recipe("recipe", self.recipe)
+        object.__setattr__(self, "gemms", _gemms("gemms", self.gemms))
+        if self.backward:
+            _choice("backward", self.backward, schema.BACKWARD_MODES)
+        object.__setattr__(self, "rules", _rules("rules", self.rules))
+        object.__setattr__(self, "phases", self._check_phases(self.phases))
+
+    def _check_phases(self, phases) -> tuple:
+        out = []
+        for i, item in enumerate(phases):
+            if not isinstance(item, list | tuple) or len(item) != 2:
+                raise ConfigError(f"Config.phases[{i}]={item!r}; allowed: (start, recipe or dict)")
+            start, change = item
+            if isinstance(start, bool) or not isinstance(start, int | float) or start <= 0:
+                raise ConfigError(
+                    f"Config.phases[{i}] start={start!r}; allowed: a step >= 1 or a fraction in "
+                    "(0, 1)"
+                )
+            if isinstance(change, str):
+                change = {"recipe": change}
+            elif isinstance(change, list | tuple):  # the stored form: (key, value) pairs
+                change = dict(change)
+            if not isinstance(change, dict):
+                raise ConfigError(f"Config.phases[{i}] change={change!r}; a recipe name or a dict")
+            bad = sorted(set(change) - set(_PHASE_KEYS))
+            if bad:
+                raise ConfigError(
+                    f"Config.phases[{i}] has unknown keys {bad}; allowed: {', '.join(_PHASE_KEYS)}"
+                )
+            if "recipe" in change:
+                _recipe(f"phases[{i}].recipe", change["recipe"])
+            if "backward" in change:
+                _choice(f"phases[{i}].backward", change["backward"], schema.BACKWARD_MODES)
+            change = dict(change)
+            if "gemms" in change:
+                change["gemms"] = _gemms(f"phases[{i}].gemms", change["gemms"])
+            if "rules" in change:
+                change["rules"] = _rules(f"phases[{i}].rules", change["rules"])
+            out.append((start, tuple(sorted(change.items()))))
+        starts = [self.phase_start(s) for s, _ in out]
+        if starts != sorted(set(starts)) or any(s >= self.steps for s in starts):
+            raise ConfigError(
+                f"Config.phases starts {starts} (in steps): must increase and be < steps="
+                f"{self.steps}"
+            )
+        return tuple(out)
+
+    def phase_start(self, start: float) -> int:
+        """A phase start in steps (a fraction in (0, 1) is a share of `steps`)."""
+        return int(round(start * self.steps)) if start < 1 else int(start)
+
+    def replace(self, **changes) -> Config:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able fields (tuples become lists); `from_dict` inverts it."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=_jsonable))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Config:
+        return make(d)
+
+
+def _jsonable(value):
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"not JSON-able: {value!r}")
+
+
+def fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(Config))
+
+
+def make(overrides: dict[str, Any] | None = None, base: Config | None = None) -> Config:
+    """`base` (default Config()) with `overrides`; unknown names raise with the allowed ones."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(fields()))
+    if unknown:
+        raise ConfigError(f"unknown config fields {unknown}; allowed: {', '.join(fields())}")
+    base = base or Config()
+    return dataclasses.replace(base, **overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# Field checks.
+
+
+def _choice(name: str, value, allowed) -> None:
+    schema.check_choice("Config", name, value, allowed, ConfigError)
+
+
+def _recipe(name: str, value) -> None:
+    _choice(name, value, recipes.names())
+
+
+def _coerce(name: str, value, default):
+    """Checks the type of a field against its default's and normalizes lists to tuples."""
+    kind = type(default)
+    if default is None:  # optional float
+        if value is None:
+            return None
+        kind = float
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is tuple:
+        if isinstance(value, dict):
+            return tuple(sorted(value.items()))
+        if isinstance(value, list | tuple):
+            return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    if kind is int and isinstance(value, bool):
+        raise ConfigError(f"Config.{name}={value!r}; must be an int, got bool")
+    if not isinstance(value, kind):
+        what = "a float or None" if default is None else kind.__name__
+        raise ConfigError(f"Config.{name}={value!r} ({type(value).__name__}); must be {what}")
+    return value
+
+
+def _gemms(name: str, value) -> tuple:
+    pairs = tuple(sorted(dict(value).items())) if value else ()
+    for gemm, src in pairs:
+        _choice(f"{name} key", gemm, schema.GEMMS)
+        _recipe(f"{name}[{gemm!r}]", src)
+    return pairs
+
+
+def _rules(name: str, value) -> tuple:
+    out = []
+    for i, rule in enumerate(value):
+        if not isinstance(rule, list | tuple) or len(rule) != 2:
+            raise ConfigError(f"Config.{name}[{i}]={rule!r}; allowed: (path regex, recipe or None)")
+        path, recipe = rule
+        try:
+            re.compile(path)
+        except (re.error, TypeError) as e:
+            raise ConfigError(f"Config.{name}[{i}] path {path!r} is not a regex: {e}") from e
+        if recipe is not None:
+            _recipe(f"{name}[{i}] recipe", recipe)
+        out.append((path, recipe))
+    return tuple(out)

@@ -1,0 +1,57 @@
+"""Host-side summaries of one seed's run arrays: the numbers of its row in a runs table."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fp4lab.train.config import Config
+from fp4lab.train.divergence import DIVERGENCE_KINDS
+from fp4lab.train.tasks import Task, make_task
+
+__all__ = ["target_of", "tokens_to_target", "summarize"]
+
+
+def target_of(cfg: Config, floor: float) -> float:
+    """The tokens-to-target threshold: target_loss, or floor + target_gap, or NaN (none)."""
+    if cfg.target_loss is not None:
+        return cfg.target_loss
+    if cfg.target_gap is not None:
+        return floor + cfg.target_gap
+    return math.nan
+
+
+def tokens_to_target(loss: np.ndarray, target: float, window: int, tokens_per_step: int) -> float:
+    """Tokens consumed when the mean of the last `window` train losses first reaches `target`
+    (NaN: never, or no target). Steps with a NaN loss never count as reached."""
+    loss = np.asarray(loss, np.float64)
+    if not math.isfinite(target) or len(loss) < window:
+        return math.nan
+    smooth = np.convolve(loss, np.ones(window) / window, mode="valid")  # smooth[i]: steps i..i+w-1
+    hit = np.flatnonzero(smooth <= target)
+    return math.nan if not len(hit) else float((hit[0] + window) * tokens_per_step)
+
+
+def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> dict[str, Any]:
+    """One seed's arrays -> the summary numbers of its row in the runs table."""
+    task = task or make_task(cfg)
+    loss = np.asarray(arrays["loss"], np.float64)
+    tail = loss[-max(len(loss) // 10, 1) :]
+    final = float(np.asarray(arrays["eval_loss"])) if "eval_loss" in arrays else np.mean(tail)
+    target = target_of(cfg, task.floor)
+    div_step = int(np.asarray(arrays["diverged_step"]))
+    return {
+        "final_loss": float(final),
+        "final_train_loss": float(np.mean(tail)),
+        "eval_loss": float(np.asarray(arrays["eval_loss"])) if "eval_loss" in arrays else math.nan,
+        "loss_floor": task.floor,
+        "loss_gap": final - task.floor,
+        "diverged": div_step >= 0,
+        "divergence_step": float(div_step) if div_step >= 0 else math.nan,
+        "divergence_kind": DIVERGENCE_KINDS[int(np.asarray(arrays["divergence_kind"]))],
+        "target_loss": target,
+        "tokens_to_target": tokens_to_target(loss, target, cfg.target_window, task.tokens_per_step),
+        "tokens_per_step": task.tokens_per_step,
+    }

@@ -1,0 +1,119 @@
+"""Tasks with a known optimum, and what each seed stream feeds.
+
+    markov    the Llama-style Transformer on a synthetic Markov language (floor: its entropy rate)
+    text      the same model on a character-level text file (floor unknown)
+    teacher   an MLP regressing a fixed random teacher network (floor 0)
+
+`init_model` uses the `init` stream only; `train_batch` and `eval_batch` the `data` stream only
+(disjoint draws), so a sweep can vary one stream while holding the others fixed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from fp4lab.data import CharDataset, MarkovLM, Teacher
+from fp4lab.models import MLP, Transformer, TransformerConfig
+from fp4lab.train.config import Config
+
+__all__ = ["Task", "make_task", "init_model", "train_batch", "eval_batch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A model, a batch sampler and a loss, with the loss's exact floor when known."""
+
+    name: str
+    floor: float  # the best achievable expected loss (NaN when unknown)
+    tokens_per_step: int  # tokens (or examples) one optimizer step consumes
+    model: Callable[[nnx.Rngs], nnx.Module]
+    batch: Callable[[jax.Array], Any]  # data key -> batch
+    loss: Callable[[nnx.Module, Any], jax.Array]  # (model, batch) -> mean loss
+
+
+def _lm_task(cfg: Config, vocab: int, sample, floor: float, skip: int, name: str) -> Task:
+    tcfg = TransformerConfig(
+        vocab=vocab,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        d_ff=cfg.d_ff,
+        max_len=cfg.seq_len,
+        dtype=cfg.dtype,
+    )
+
+    def loss(model, tokens_BxT):
+        # predict tokens[skip:] from the full context before them, so the floor is exact
+        logits_BxTxV = model(tokens_BxT[:, :-1])[:, skip - 1 :]
+        labels_BxS = tokens_BxT[:, skip:]
+        return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, labels_BxS).mean()
+
+    return Task(
+        name=name,
+        floor=floor,
+        tokens_per_step=cfg.batch_size * cfg.seq_len,
+        model=lambda rngs: Transformer(tcfg, rngs=rngs),
+        batch=sample,
+        loss=loss,
+    )
+
+
+def make_task(cfg: Config) -> Task:
+    """The task of a config: the Markov language (floor: its entropy rate), teacher-student
+    regression (floor 0) or a character-level text file (floor unknown)."""
+    B, T1 = cfg.batch_size, cfg.seq_len + 1
+    if cfg.task == "markov":
+        lang = MarkovLM(
+            vocab=cfg.vocab, order=cfg.order, branching=cfg.branching, seed=cfg.task_seed
+        )
+        lang = dataclasses.replace(lang, alpha=cfg.alpha) if cfg.alpha != 1.0 else lang
+        sample = lambda key: lang.sample(key, B, T1)  # noqa: E731
+        return _lm_task(cfg, cfg.vocab, sample, lang.entropy_rate, cfg.order, "markov")
+    if cfg.task == "text":
+        text = CharDataset.from_file(cfg.text_path)
+        sample = lambda key: text.sample(key, B, T1)  # noqa: E731
+        return _lm_task(cfg, text.vocab_size, sample, math.nan, 1, "text")
+    teacher = Teacher(
+        din=cfg.din,
+        dout=cfg.dout,
+        hidden=cfg.teacher_hidden,
+        seed=cfg.task_seed,
+        outlier_channels=tuple(range(cfg.outlier_channels)),
+        outlier_scale=cfg.outlier_scale,
+    )
+
+    def loss(model, batch):
+        x_BxI, y_BxO = batch
+        return jnp.mean(jnp.square(model(x_BxI) - y_BxO))
+
+    return Task(
+        name="teacher",
+        floor=0.0,
+        tokens_per_step=B,
+        model=lambda rngs: MLP(cfg.din, cfg.hidden, cfg.dout, rngs=rngs),
+        batch=lambda key: teacher.sample(key, B),
+        loss=loss,
+    )
+
+
+def init_model(task: Task, keys) -> nnx.Module:
+    """The model at its initial parameters: the `init` stream only."""
+    return task.model(nnx.Rngs(params=keys["init"]))
+
+
+def train_batch(task: Task, keys, t) -> Any:
+    """The batch of step t: the `data` stream only."""
+    return task.batch(jax.random.fold_in(jax.random.split(keys["data"])[0], t))
+
+
+def eval_batch(task: Task, keys, i) -> Any:
+    """Held-out batch i (disjoint from the training draws): the `data` stream only."""
+    return task.batch(jax.random.fold_in(jax.random.split(keys["data"])[1], i))

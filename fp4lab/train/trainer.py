@@ -1,0 +1,308 @@
+"""make_train(config) -> train(keys): one training run, pure, jit-able, vmap-able over seeds.
+
+`keys` holds three independent PRNG streams (`make_keys`):
+
+    init    the model's initial parameters
+    data    the training batches (step t draws from fold_in(data, t)) and the held-out batches
+    quant   stochastic rounding and random Hadamard signs (phase p: fold_in(quant, p))
+
+so a sweep can vary one stream while holding the others fixed. Everything runs inside one
+`lax.scan` per phase; seeds are a `jax.vmap` axis of `train`, and a seed's result does not depend
+on which other seeds share its batch (tested bit for bit).
+
+Precision phases (`Config.phases`) switch the recipe at a step: each phase is its own quantized
+view of the same parameters and optimizer state. Telemetry (every `telemetry_every` steps) runs a
+second compiled step body that measures; the steps between cost what a run without telemetry
+costs. Loss scaling multiplies the loss before differentiation and divides the gradients after;
+the dynamic rule halves the scale and skips the update on a non-finite gradient and doubles it
+after `growth_interval` finite steps. Divergence (the first non-finite loss, or a loss above
+`spike_factor` times the median of the last `spike_window` losses) is recorded, not raised; with
+`stop_on_divergence` the run freezes there and later losses read NaN.
+
+`train(keys)` returns arrays: loss, grad_norm and loss_scale per step; eval_loss (held-out,
+quantized forward, at the end); diverged_step (-1: never) and divergence_kind (0 none,
+1 non-finite, 2 spike); telemetry {metric: values at `log_steps(config)`}.
+`fp4lab.train.summary.summarize` turns one seed's arrays into the numbers of a results table.
+
+The pieces: the tasks and what each stream feeds (`fp4lab.train.tasks`), loss scaling
+(`fp4lab.train.loss_scaling`) and divergence detection (`fp4lab.train.divergence`) as pure
+state-in / state-out functions, and here the step, the phases and the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from fp4lab.core import recipes
+from fp4lab.nnx import telemetry
+from fp4lab.nnx.rules import Rule, quantize_model
+from fp4lab.schema import OPERANDS, STREAMS, operand_name
+from fp4lab.train import divergence, loss_scaling
+from fp4lab.train.config import Config
+from fp4lab.train.tasks import Task, eval_batch, init_model, make_task, train_batch
+
+__all__ = [
+    "make_keys",
+    "make_optimizer",
+    "make_train",
+    "phase_rules",
+    "log_steps",
+    "Carry",
+]
+
+
+def make_keys(init: int = 0, data: int = 0, quant: int = 0) -> dict[str, jax.Array]:
+    """The three streams from three integer seeds. Stream s of seed n is
+    fold_in(key(n), index of s): equal integers in two streams still give independent keys."""
+    seeds = {"init": init, "data": data, "quant": quant}
+    return {s: jax.random.fold_in(jax.random.key(seeds[s]), i) for i, s in enumerate(STREAMS)}
+
+
+def make_optimizer(cfg: Config) -> optax.GradientTransformation:
+    """Clipping (optional), then AdamW or SGD with momentum, under a warmup + decay schedule."""
+    decay = max(cfg.steps - cfg.warmup, 1)
+    end = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "cosine":
+        after = optax.cosine_decay_schedule(cfg.lr, decay, alpha=cfg.min_lr_ratio)
+    elif cfg.schedule == "linear":
+        after = optax.linear_schedule(cfg.lr, end, decay)
+    else:
+        after = optax.constant_schedule(cfg.lr)
+    warm = optax.linear_schedule(0.0, cfg.lr, cfg.warmup) if cfg.warmup else None
+    lr = optax.join_schedules([warm, after], [cfg.warmup]) if warm else after
+    if cfg.optimizer == "adamw":
+        opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    else:
+        opt = optax.sgd(lr, momentum=cfg.momentum)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt) if cfg.clip_norm else opt
+
+
+def _recipe(name: str, gemms, backward: str) -> recipes.GemmRecipe:
+    recipe = recipes.get(name)
+    label = name
+    for gemm, src_name in gemms:
+        src = recipes.get(src_name)
+        recipe = recipe.replace(
+            **{operand_name(gemm, o): src.spec(gemm, o) for o in OPERANDS[gemm]}
+        )
+        label += f"+{gemm}={src_name}"
+    if backward:
+        recipe = recipe.replace(backward=backward)
+        label += f"+{backward}"
+    return dataclasses.replace(recipe, name=label)
+
+
+def phase_rules(cfg: Config) -> list[tuple[int, int, list[Rule]]]:
+    """[(start, stop, rules)] of every precision phase, the first starting at step 0."""
+    state = {"recipe": cfg.recipe, "gemms": cfg.gemms, "backward": cfg.backward}
+    state["rules"] = cfg.rules
+    bounds = [(0, dict(state))]
+    for start, change in cfg.phases:
+        change = dict(change)
+        if set(change) == {"recipe"}:  # a bare recipe name: the whole model switches
+            state = {"recipe": change["recipe"], "gemms": (), "backward": "", "rules": ()}
+        else:
+            state = state | change
+        bounds.append((cfg.phase_start(start), dict(state)))
+    out = []
+    for i, (start, s) in enumerate(bounds):
+        stop = bounds[i + 1][0] if i + 1 < len(bounds) else cfg.steps
+        rules = [Rule(p, r) for p, r in s["rules"]]
+        rules.append(Rule(".*", _recipe(s["recipe"], s["gemms"], s["backward"])))
+        out.append((start, stop, rules))
+    return out
+
+
+def log_steps(cfg: Config) -> np.ndarray:
+    """The steps at which telemetry is recorded."""
+    if not cfg.telemetry_every:
+        return np.zeros((0,), np.int64)
+    return np.arange(0, cfg.steps, cfg.telemetry_every)
+
+
+class Carry(NamedTuple):
+    params: Any  # nnx.State of the Params
+    opt_state: Any
+    loss_scale: loss_scaling.LossScale
+    divergence: divergence.Divergence
+
+
+def _gradients(cfg: Config, task: Task, model, batch, scale, measure: bool):
+    """(loss, Param gradients of loss * scale, telemetry metrics); metrics are empty unless
+    `measure`, and hold the shadow statistics too with `cfg.shadow`."""
+
+    def scaled_loss(model, batch, scale):
+        loss = task.loss(model, batch)
+        return loss * scale, loss
+
+    if not measure:
+        grad_fn = nnx.value_and_grad(scaled_loss, argnums=nnx.DiffState(0, nnx.Param), has_aux=True)
+        (_, loss), grads = grad_fn(model, batch, scale)
+        return loss, grads, {}
+    (_, loss), grads, metrics = telemetry.value_and_grad(scaled_loss, has_aux=True)(
+        model, batch, scale
+    )
+    return loss, grads, metrics
+
+
+def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, measure: bool):
+    """One optimizer step: (carry, the model's non-Param state, per-step outputs, metrics)."""
+    model = nnx.merge(graphdef, carry.params, rest)
+    batch = train_batch(task, keys, t)
+    scale = loss_scaling.scale_of(carry.loss_scale, cfg.loss_scaling)
+    loss, grads, metrics = _gradients(cfg, task, model, batch, scale, measure)
+    grads = loss_scaling.unscale(grads, carry.loss_scale, cfg.loss_scaling)
+    if measure and cfg.shadow:
+        exact = telemetry.exact_grads(lambda m, b: task.loss(m, b), model, batch)
+        metrics |= telemetry.shadow_metrics(grads, exact)
+    new_rest = nnx.state(model, nnx.Not(nnx.Param))
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    updates, opt_state = tx.update(grads, carry.opt_state, carry.params)
+    params = optax.apply_updates(carry.params, updates)
+    div = divergence.update(carry.divergence, loss, t, cfg.spike_factor)
+
+    keep = jnp.bool_(True)  # apply this update?
+    if cfg.loss_scaling == "dynamic":
+        keep = finite
+    if cfg.stop_on_divergence:
+        keep = keep & (div.step < 0)
+    params = _select(keep, params, carry.params)
+    opt_state = _select(keep, opt_state, carry.opt_state)
+    ls = loss_scaling.adjust(carry.loss_scale, finite, cfg.loss_scaling, cfg.growth_interval)
+    frozen = cfg.stop_on_divergence & (carry.divergence.step >= 0)
+    nan = jnp.float32(jnp.nan)
+    out = {
+        "loss": jnp.where(frozen, nan, loss),
+        "grad_norm": jnp.where(frozen, nan, grad_norm),
+        "loss_scale": carry.loss_scale.scale,
+    }
+    return Carry(params, opt_state, ls, div), new_rest, out, metrics
+
+
+def _run_phase(cfg: Config, task: Task, step, carry: Carry, p: int, start, stop, rules, keys):
+    """Steps [start, stop) under `rules`: (carry, [per-step outputs], [telemetry])."""
+    every = cfg.telemetry_every
+    model = init_model(task, keys)
+    quantize_model(
+        model,
+        rules,
+        key=jax.random.fold_in(keys["quant"], p),
+        backend=cfg.backend,
+        telemetry=bool(every),
+    )
+    graph_off, _, rest = nnx.split(model, nnx.Param, ...)
+    graph_on = None
+    if every:
+        graph_on = nnx.split(telemetry.set_enabled(model, True), nnx.Param, ...)[0]
+
+    def plain(state, t):
+        carry, rest = state
+        carry, rest, out, _ = step(carry, t, graph_off, rest, keys, False)
+        return (carry, rest), out
+
+    def measured(state, t):
+        carry, rest = state
+        carry, rest, out, metrics = step(carry, t, graph_on, rest, keys, True)
+        return (carry, rest), (out, metrics)
+
+    def chunk(state, t0):  # one measured step, then every - 1 plain ones
+        state, (out0, metrics) = measured(state, t0)
+        outs = jax.tree.map(lambda a: a[None], out0)
+        if every > 1:
+            state, rest_outs = jax.lax.scan(plain, state, t0 + jnp.arange(1, every))
+            outs = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), outs, rest_outs)
+        return state, (outs, metrics)
+
+    state = (carry, rest)
+    outs, metrics = [], []
+    if not every:
+        state, o = jax.lax.scan(plain, state, jnp.arange(start, stop))
+        return state[0], [o], []
+    first_log = -(-start // every) * every  # the first multiple of `every` >= start
+    head = min(first_log, stop) - start
+    if head:
+        state, o = jax.lax.scan(plain, state, jnp.arange(start, start + head))
+        outs.append(o)
+    n_full = max(stop - first_log, 0) // every
+    if n_full:
+        t0s = first_log + every * jnp.arange(n_full)
+        state, (o, m) = jax.lax.scan(chunk, state, t0s)
+        outs.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), o))
+        metrics.append(m)
+    tail_start = first_log + every * n_full
+    if tail_start < stop:  # a partial last chunk
+        state, (o0, m) = measured(state, jnp.int32(tail_start))
+        outs.append(jax.tree.map(lambda a: a[None], o0))
+        metrics.append(jax.tree.map(lambda a: a[None], m))
+        if tail_start + 1 < stop:
+            state, o = jax.lax.scan(plain, state, jnp.arange(tail_start + 1, stop))
+            outs.append(o)
+    return state[0], outs, metrics
+
+
+def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int) -> jax.Array:
+    """Mean held-out loss of `params` over `cfg.eval_batches` batches, under `rules`."""
+    model = init_model(task, keys)
+    quantize_model(model, rules, key=jax.random.fold_in(keys["quant"], p))
+    graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+
+    def one(rest, i):
+        m = nnx.merge(graphdef, params, rest)
+        loss = task.loss(m, eval_batch(task, keys, i))
+        return nnx.state(m, nnx.Not(nnx.Param)), loss
+
+    return jax.lax.scan(one, rest, jnp.arange(cfg.eval_batches))[1].mean()
+
+
+def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any]]:
+    """A pure function keys -> run arrays for `config` (see the module docstring)."""
+    cfg = config
+    task = make_task(cfg)
+    tx = make_optimizer(cfg)
+    phases = phase_rules(cfg)
+
+    def step(carry, t, graphdef, rest, keys, measure):
+        return _step(cfg, task, tx, carry, t, graphdef, rest, keys, measure)
+
+    def train(keys: dict[str, jax.Array]) -> dict[str, Any]:
+        missing = set(STREAMS) - set(keys)
+        if missing:
+            raise ValueError(f"train(keys): missing streams {sorted(missing)}; need {STREAMS}")
+        params = nnx.state(init_model(task, keys), nnx.Param)
+        carry = Carry(
+            params=params,
+            opt_state=tx.init(params),
+            loss_scale=loss_scaling.init(cfg.loss_scale),
+            divergence=divergence.init(cfg.spike_window),
+        )
+        outs, metrics = [], []
+        for p, (start, stop, rules) in enumerate(phases):
+            carry, o, m = _run_phase(cfg, task, step, carry, p, start, stop, rules, keys)
+            outs += o
+            metrics += m
+        result = dict(jax.tree.map(lambda *a: jnp.concatenate(a), *outs))
+        if cfg.eval_batches:
+            result["eval_loss"] = _evaluate(
+                cfg, task, carry.params, phases[-1][2], keys, len(phases)
+            )
+        result["diverged_step"] = carry.divergence.step
+        result["divergence_kind"] = carry.divergence.kind
+        result["telemetry"] = (
+            jax.tree.map(lambda *a: jnp.concatenate(a), *metrics) if metrics else {}
+        )
+        return result
+
+    return train
+
+
+def _select(pred, a, b):
+    return jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b)
