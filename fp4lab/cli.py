@@ -1,11 +1,13 @@
 """The `fp4lab` command.
 
 fp4lab run EXPERIMENT [--out DIR] [--seeds N] [--steps N] [--dry-run] [--workers N]
+                      [--force] [--rerun-stale]
                       [--executor local|ray] [--address ADDR] [--ray-cpus N] [--ray-gpus N]
                       [--max-retries N]
-fp4lab ls RESULTS          runs per cell (done, failed, missing)
+fp4lab ls RESULTS          runs per cell (done, failed, missing) and the stale runs
 fp4lab show RESULTS        the summary table: loss gap with a seed interval, divergences,
-                           tokens to target
+                           tokens to target; a warning when the runs come from different code
+fp4lab show RESULTS --stale    the same for the stale runs (the file no longer asks for them)
 fp4lab plot RESULTS        the standard figures, as PNG files in RESULTS/figures
 fp4lab report RESULTS      one self-contained HTML page: RESULTS/report.html
 fp4lab formats | demo      the element formats; a tour of the toolkit
@@ -14,6 +16,7 @@ fp4lab formats | demo      the element formats; a tour of the toolkit
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -69,7 +72,14 @@ def _run(args) -> int:
             "max_retries": args.max_retries,
         }
     counts = sweep.run_experiment(
-        exp, out, executor=args.executor, workers=args.workers, progress=not args.quiet, **options
+        exp,
+        out,
+        executor=args.executor,
+        workers=args.workers,
+        progress=not args.quiet,
+        force=args.force,
+        rerun_stale=args.rerun_stale,
+        **options,
     )
     print(
         f"{exp.name}: {counts['done']} runs done, {counts['skipped']} already finished, "
@@ -146,7 +156,11 @@ def _ls(args) -> int:
             ok = sum(r is not None and r["status"] == "ok" for r in rs)
             failed = sum(r is not None and r["status"] == "failed" for r in rs)
             missing = len(rs) - ok - failed
-            print(f"  {cell['label']:40s} ok {ok}  failed {failed}  missing {missing}")
+            print(f"  {cell.get('label', '?'):40s} ok {ok}  failed {failed}  missing {missing}")
+        current = st.current_ids(manifest) if manifest else records
+        stale = sum(rid not in current for rid in records)
+        if stale:
+            print(f"  stale: {stale} runs the experiment file no longer asks for (show --stale)")
     return 0
 
 
@@ -160,9 +174,30 @@ def _cells_of(records) -> list[dict]:
 def _show(args) -> int:
     from fp4lab.sweep import store
 
-    results = store.load(args.results)
-    _print_summary(results, (results.experiment or {}).get("name", Path(args.results).name))
+    results = store.load(args.results, stale=args.stale)
+    name = (results.experiment or {}).get("name", Path(args.results).name)
+    if args.stale:
+        print(f"{name}: stale runs, per config ([stale <config id>]), never pooled with current")
+    _warn_mixed_code(results, args.results)
+    _print_summary(results, name)
+    if results.n_stale and not args.stale:
+        print(f"\n({results.n_stale} stale runs not shown: fp4lab show {args.results} --stale)")
     return 0
+
+
+def _warn_mixed_code(results, folder) -> None:
+    """A warning on stderr when the shown runs were made by different code versions."""
+    prov = results.provenance
+    if prov is None or prov.empty:
+        return
+    counts = prov.groupby("code", dropna=False).size().sort_values(ascending=False)
+    if len(counts) > 1:
+        parts = "; ".join(f"{n} runs by {code}" for code, n in counts.items())
+        print(
+            f"warning: {folder} mixes code versions: {parts}. `fp4lab run EXPERIMENT --out "
+            f"{folder} --rerun-stale` recomputes the runs made by other code.",
+            file=sys.stderr,
+        )
 
 
 def _plot(args) -> int:
@@ -206,6 +241,14 @@ def main(argv: list[str] | None = None) -> int:
         "--max-retries", type=int, default=3, help="ray: reruns of a cell whose worker died (3)"
     )
     run.add_argument("--workers", type=int, default=1, help="local: processes computing cells")
+    run.add_argument(
+        "--force", action="store_true", help="run into a folder holding another experiment"
+    )
+    run.add_argument(
+        "--rerun-stale",
+        action="store_true",
+        help="recompute finished runs that another code version (fp4lab, git, jax) made",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--no-figures", action="store_true", help="do not write the figures")
     run.set_defaults(func=_run)
@@ -220,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("results", help="a results folder")
         if name in ("plot", "report"):
             p.add_argument("--out", help="where to write (default: inside the results folder)")
+        if name == "show":
+            p.add_argument("--stale", action="store_true", help="the stale runs instead")
         p.set_defaults(func=fn)
 
     args = parser.parse_args(argv)
@@ -227,13 +272,38 @@ def main(argv: list[str] | None = None) -> int:
         return _formats(args)
     from fp4lab.sweep.experiment import ExperimentError
     from fp4lab.sweep.ray import RayNotInstalled
+    from fp4lab.sweep.records import StoreError
     from fp4lab.train.config import ConfigError
 
+    previous = _terminate_as_interrupt() if args.command == "run" else None
     try:
         return args.func(args)
-    except (ExperimentError, ConfigError, FileNotFoundError, RayNotInstalled) as e:
+    except (ExperimentError, ConfigError, StoreError, OSError, RayNotInstalled) as e:
         print(f"fp4lab {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            f"\nfp4lab {args.command}: interrupted; finished runs are stored, run again to resume",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_as_interrupt():
+    """SIGTERM (a scheduler's timeout, `kill`) raises KeyboardInterrupt in the main thread, so
+    `fp4lab run` stops its workers and exits as on Ctrl-C. Returns the previous handler."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
 
 
 if __name__ == "__main__":

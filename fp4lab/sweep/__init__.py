@@ -5,7 +5,9 @@
     executors    local executors (in process, worker processes)
     ray          the Ray executor (workers compute, the driver writes)
     runner       run_experiment: what is left, the executor, the store, progress
-    store        run ids, atomic records, provenance, load() as pandas
+    store        run ids, current and stale runs, provenance, load() as pandas
+    records      atomic writes, checked reads, bad entries skipped with a warning
+    reproduce    reproduce(folder, run_id): one stored run again, bit for bit
 
 The trainer is reached only inside `compute_cell`; the rest runs without flax.
 """
@@ -18,17 +20,27 @@ from fp4lab.sweep.experiment import (
     load_experiment,
     seed_triples,
 )
-from fp4lab.sweep.runner import EXECUTORS, pending, run_experiment
+from fp4lab.sweep.records import CorruptRecord, StoreError
+from fp4lab.sweep.reproduce import ReproductionError, reproduce
+from fp4lab.sweep.runner import EXECUTORS, FolderTaken, pending, run_experiment
+from fp4lab.sweep.store import NUMERICS_VERSION, load
 
 __all__ = [
     "Cell",
     "clear_cache",
+    "CorruptRecord",
     "EXECUTORS",
     "Experiment",
     "ExperimentError",
+    "FolderTaken",
+    "NUMERICS_VERSION",
+    "ReproductionError",
+    "StoreError",
     "compute_cell",
+    "load",
     "load_experiment",
     "pending",
+    "reproduce",
     "run_experiment",
     "seed_triples",
 ]

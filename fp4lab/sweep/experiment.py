@@ -17,6 +17,9 @@ validated when the file is loaded, before anything runs; errors name the file, t
 `add` call, the field and the allowed values. An optional `analyze(results)` returns
 {name: DataFrame}: the experiment's own tables, which `fp4lab run` prints and writes to
 `<out>/<name>.csv` once the sweep is done.
+
+A cell that reads a data file (the text task's `text_path`) has the file's content hash in its
+run ids (`fp4lab.sweep.store.data_hashes`): editing the file makes its runs new runs.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fp4lab.schema import STREAMS
-from fp4lab.sweep.store import run_id
+from fp4lab.sweep.store import data_hashes, run_id
 from fp4lab.train import config as C
 
 __all__ = ["Cell", "Experiment", "ExperimentError", "load_experiment", "seed_triples"]
@@ -49,10 +52,12 @@ class Cell:
     config: C.Config
     seeds: tuple[tuple[int, int, int], ...]
     where: str = ""  # file:line of the add() call
+    data: dict[str, str] = dataclasses.field(default_factory=dict)  # data file hashes
 
     def run_ids(self) -> list[str]:
+        """The run id of each seed triple (config, seeds, data hashes, numerics version)."""
         cfg = self.config.to_dict()
-        return [run_id(cfg, s) for s in self.seeds]
+        return [run_id(cfg, s, self.data) for s in self.seeds]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +73,7 @@ class Experiment:
         return {
             "name": self.name,
             "file": Path(self.path).name,
+            "path": str(Path(self.path).resolve()),
             "cells": [
                 {"label": c.label, "overrides": c.overrides, "run_ids": c.run_ids()}
                 for c in self.cells
@@ -114,6 +120,15 @@ def _label(overrides: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in overrides.items()) or "base"
 
 
+def _data(cfg: C.Config) -> dict[str, str]:
+    try:
+        return data_hashes(cfg.to_dict())
+    except OSError as e:
+        raise ExperimentError(
+            f"Config.text_path={cfg.text_path!r}: cannot read the data file ({e.strerror})"
+        ) from e
+
+
 def load_experiment(
     path: str | Path, *, seeds: int | None = None, steps: int | None = None
 ) -> Experiment:
@@ -129,12 +144,16 @@ def load_experiment(
         raise ExperimentError(f"{path}: the file raised {type(e).__name__}: {e}") from e
     for fn in ("get_config", "sweep"):
         if not callable(getattr(module, fn, None)):
-            raise ExperimentError(f"{path}: defines no {fn}(); an experiment needs get_config()")
+            raise ExperimentError(
+                f"{path}: defines no {fn}(); an experiment needs get_config() and sweep(add)"
+            )
     try:
         base = module.get_config()
         base = C.make(base) if isinstance(base, dict) else base
     except C.ConfigError as e:
         raise ExperimentError(f"{path}: get_config(): {e}") from e
+    except Exception as e:
+        raise ExperimentError(f"{path}: get_config() raised {type(e).__name__}: {e}") from e
     if not isinstance(base, C.Config):
         raise ExperimentError(f"{path}: get_config() returned {type(base).__name__}; need Config")
     if steps is not None:
@@ -145,18 +164,25 @@ def load_experiment(
 
     def add(label: str | None = None, *, seeds: Any = None, **overrides):
         frame = sys._getframe(1)
-        where = f"{path}:{frame.f_lineno}" if frame.f_code.co_filename == str(path) else str(path)
+        here = Path(frame.f_code.co_filename).resolve() == path.resolve()
+        where = f"{path}:{frame.f_lineno}" if here else str(path)
         try:
             if steps is not None:
                 overrides.pop("steps", None)
             cfg = C.make(overrides, base)
             chosen = next(s for s in (forced_seeds, seeds, default_seeds) if s is not None)
             triples = seed_triples(chosen)
+            data = _data(cfg)
         except (C.ConfigError, ExperimentError) as e:
             raise ExperimentError(f"{where}: cell {_label(overrides)}: {e}") from e
-        cells.append(Cell(label or _label(overrides), dict(overrides), cfg, triples, where))
+        cells.append(Cell(label or _label(overrides), dict(overrides), cfg, triples, where, data))
 
-    module.sweep(add)
+    try:
+        module.sweep(add)
+    except ExperimentError:
+        raise
+    except Exception as e:
+        raise ExperimentError(f"{path}: sweep(add) raised {type(e).__name__}: {e}") from e
     if not cells:
         raise ExperimentError(f"{path}: sweep(add) added no cells")
     labels = [c.label for c in cells]

@@ -1,24 +1,32 @@
-"""Results on disk: one JSON file per finished run, written atomically, loadable as pandas.
+"""Results on disk: one JSON file per finished run, keyed by run id, loadable as pandas.
 
-Layout of a results folder:
+Layout of a results folder (it belongs to one experiment):
 
     <out>/experiment.json        the sweep: name, source file, cells and their run ids
-    <out>/runs/<run_id>.json     one run: config, seeds, status, summary, per-step series,
-                                 telemetry, provenance, and a checksum of all of it
+    <out>/runs/<run_id>.json     one run: config, seeds, data hashes, numerics version, status,
+                                 summary, per-step series, telemetry, provenance, checksum
 
-A run's id is a hash of its resolved config and its three seeds (`run_id`), so a re-run finds
-finished runs and skips them. Each file is written to a temporary name in the same folder and
-renamed into place: a killed sweep leaves whole files or none. A file that does not parse or whose
-checksum does not match is reported as corrupt and its run is redone. Everything is JSON (no
-pickle anywhere): loading someone else's results never runs their code. Non-finite floats are
-written as JSON's NaN / Infinity extensions, which Python's json reads back.
+A run's id (`run_id`) hashes everything that decides its numbers: the resolved config, the three
+seeds, the content hash of any data file it reads (`data_hashes`) and `NUMERICS_VERSION`, which
+the code bumps whenever a change alters results on purpose. A rerun therefore skips exactly the
+runs whose numbers it would reproduce, and recomputes the rest (an edited config or data file, a
+numerics change). Files are written atomically (`fp4lab.sweep.records`); everything is JSON (no
+pickle): loading someone else's results never runs their code.
 
-`load(path)` gives a `Results` with two DataFrames:
+Current and stale: the runs of `experiment.json`'s cells are current; any other record in `runs/`
+(an earlier version of the file, other steps or seeds, another numerics version) is stale. `load`
+returns the current runs, labelled by the manifest (a renamed cell shows its new name);
+`load(path, stale=True)` the stale ones, each labelled with its config id so that runs of
+different configs never pool. Nothing is deleted.
 
-    runs      one row per run: run_id, experiment, cell, status, seed_init, seed_data,
-              seed_quant, one column per config field, the summary numbers, wall_s
-    metrics   long: run_id, step, metric, value (loss, grad_norm, loss_scale, eval_loss and the
-              telemetry keys quant/<layer>/<gemm>/<operand>/<stat>, grad/<layer>/<stat>)
+`load(path)` gives a `Results` with three DataFrames:
+
+    runs        one row per run: run_id, experiment, cell, status, seed_init, seed_data,
+                seed_quant, one column per config field, the summary numbers, wall_s
+    metrics     long: run_id, step, metric, value (loss, grad_norm, loss_scale, eval_loss and
+                the telemetry keys quant/<layer>/<gemm>/<operand>/<stat>, grad/<layer>/<stat>)
+    provenance  one row per run: run_id, numerics, code (fp4lab version and git revision),
+                jax, jaxlib, flax, device
 """
 
 from __future__ import annotations
@@ -30,9 +38,7 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,25 +46,77 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.schema import SEED_COLUMNS, STREAMS
+from fp4lab.sweep import records as R
+from fp4lab.sweep.records import SCHEMA, CorruptRecord, StoreError
 
-__all__ = ["SCHEMA", "Results", "Store", "run_id", "load", "provenance"]
+__all__ = [
+    "NUMERICS_VERSION",
+    "SCHEMA",
+    "CorruptRecord",
+    "Results",
+    "Store",
+    "StoreError",
+    "code_version",
+    "config_id",
+    "data_hashes",
+    "load",
+    "provenance",
+    "run_id",
+]
 
-SCHEMA = 1
+# Bump when a change to fp4lab alters the numbers of any run on purpose (a new rounding rule, a
+# fixed bug in a quantizer, a different data sampler): every run id changes with it, so a rerun
+# recomputes everything and the older records become stale instead of being reused.
+NUMERICS_VERSION = 1
 _PACKAGES = ("fp4lab", "jax", "jaxlib", "flax", "optax", "ml_dtypes", "numpy")
+_DATA_FIELDS = {"text": "text_path"}  # task -> the config field naming its data file
 
 
-def _canonical(obj) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+def data_hashes(config: dict[str, Any]) -> dict[str, str]:
+    """{config field: sha256 of the file's bytes} for each data file the config reads.
+
+    Raises:
+      OSError: the file cannot be read (the experiment loader reports it with its cell).
+    """
+    field = _DATA_FIELDS.get(config.get("task"))
+    if not field or not config.get(field):
+        return {}
+    return {field: hashlib.sha256(Path(config[field]).read_bytes()).hexdigest()}
 
 
-def run_id(config: dict[str, Any], seeds: tuple[int, int, int]) -> str:
-    """The id of a run: sha256 of its resolved config and seeds (init, data, quant), 16 hex."""
-    payload = {"config": config, "seeds": [int(s) for s in seeds], "schema": SCHEMA}
-    return hashlib.sha256(_canonical(payload).encode()).hexdigest()[:16]
+def config_id(config: dict[str, Any], data: dict[str, str] | None = None) -> str:
+    """A 12-hex hash of what decides a run's numbers except its seeds: its config, data
+    hashes and numerics version (runs of one cell share it)."""
+    payload = {"config": config, "data": data or {}, "numerics": NUMERICS_VERSION}
+    return hashlib.sha256(R.canonical(payload).encode()).hexdigest()[:12]
+
+
+def run_id(
+    config: dict[str, Any], seeds: tuple[int, int, int], data: dict[str, str] | None = None
+) -> str:
+    """The id of a run, 16 hex: sha256 of its resolved config, its seeds (init, data, quant),
+    the content hashes of its data files (`data_hashes`) and `NUMERICS_VERSION`."""
+    payload = {"config": config, "seeds": [int(s) for s in seeds], "schema": 1}
+    if data:
+        payload["data"] = data
+    if NUMERICS_VERSION != 1:  # version 1 left out: the ids of the first stored results stay
+        payload["numerics"] = NUMERICS_VERSION
+    return hashlib.sha256(R.canonical(payload).encode()).hexdigest()[:16]
+
+
+def _git(*args: str) -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=here, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def provenance() -> dict[str, Any]:
-    """Package versions, git revision, backend and device of this process."""
+    """What made a run: package versions, git revision (and whether the tree had edits),
+    numerics version, python, backend and device kind, time."""
     import jax
 
     versions = {}
@@ -67,23 +125,12 @@ def provenance() -> dict[str, Any]:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    here = Path(__file__).resolve().parent
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev, dirty = "", ""
+    rev = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no") if rev else ""
     device = jax.devices()[0]
     return {
         "versions": versions,
+        "numerics": NUMERICS_VERSION,
         "python": platform.python_version(),
         "git_revision": rev or None,
         "git_dirty": bool(dirty) if rev else None,
@@ -93,44 +140,32 @@ def provenance() -> dict[str, Any]:
     }
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _jsonable(value):
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"not JSON-able: {type(value).__name__}")
+def code_version(prov: dict[str, Any] | None) -> str:
+    """The code that made a run, as one string: fp4lab version, git revision, jax, jaxlib."""
+    prov = prov or {}
+    v = prov.get("versions") or {}
+    rev = (prov.get("git_revision") or "no git")[:10]
+    return f"fp4lab {v.get('fp4lab')} ({rev}), jax {v.get('jax')}, jaxlib {v.get('jaxlib')}"
 
 
 class Store:
-    """A results folder: finished runs by id, atomic writes, corrupt files detected."""
+    """A results folder: records by run id, atomic writes, bad entries skipped with a warning."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.runs_dir = self.path / "runs"
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"{self.path} is a file; a results folder is a directory")
 
     def file(self, rid: str) -> Path:
         return self.runs_dir / f"{rid}.json"
 
     def read(self, rid: str) -> dict[str, Any] | None:
-        """The record of run `rid`, or None when it is absent or corrupt (corrupt: a warning)."""
+        """The record of run `rid`, or None when it is absent or bad (bad: one warning)."""
         f = self.file(rid)
         if not f.exists():
             return None
-        return _read_record(f)
+        return R.read_record(f)
 
     def finished(self, rid: str) -> bool:
         """Whether `rid` has a valid record with status "ok" (failed runs are retried)."""
@@ -138,54 +173,54 @@ class Store:
         return record is not None and record["status"] == "ok"
 
     def write(self, record: dict[str, Any]) -> Path:
-        """Writes one run record atomically (its checksum added)."""
-        body = json.loads(json.dumps(record, default=_jsonable))
-        body["schema"] = SCHEMA
-        body["checksum"] = hashlib.sha256(_canonical(body).encode()).hexdigest()
+        """Writes one run record atomically (its schema and checksum added)."""
+        body, text = R.seal(record)
         f = self.file(body["run_id"])
-        _write_atomic(f, json.dumps(body, default=_jsonable))
+        R.write_atomic(f, text)
         return f
 
     def write_experiment(self, manifest: dict[str, Any]) -> None:
-        _write_atomic(self.path / "experiment.json", json.dumps(manifest, indent=1))
+        R.write_atomic(self.path / "experiment.json", json.dumps(manifest, indent=1))
 
     def experiment(self) -> dict[str, Any] | None:
+        """The manifest, or None when absent or bad (bad: one warning naming what is wrong)."""
         f = self.path / "experiment.json"
-        return json.loads(f.read_text()) if f.exists() else None
+        if not f.exists():
+            return None
+        body, why = R.read_json(f)
+        if why is None and not (
+            isinstance(body, dict)
+            and isinstance(body.get("name"), str)
+            and isinstance(body.get("cells"), list)
+            and all(
+                isinstance(c, dict) and isinstance(c.get("run_ids"), list) for c in body["cells"]
+            )
+        ):
+            why = "not an experiment manifest (needs name and cells with run_ids)"
+        if why is not None:
+            R.warn_bad(f, f"bad experiment manifest, ignored: {why}")
+            return None
+        return body
 
     def records(self) -> list[dict[str, Any]]:
-        """Every valid run record (corrupt ones skipped with a warning), by file name."""
-        if not self.runs_dir.exists():
+        """Every valid run record (bad entries skipped with one warning each), by file name."""
+        if not self.runs_dir.is_dir():
             return []
         out = []
         for f in sorted(self.runs_dir.glob("*.json")):
-            record = _read_record(f)
+            record = R.read_record(f)
             if record is not None:
                 out.append(record)
         return out
 
-
-class CorruptRecord(UserWarning):
-    """A run file that does not parse or whose checksum does not match; it will be redone."""
-
-
-def _read_record(f: Path) -> dict[str, Any] | None:
-
-    try:
-        body = json.loads(f.read_text())
-        checksum = body.pop("checksum")
-        ok = hashlib.sha256(_canonical(body).encode()).hexdigest() == checksum
-        ok = ok and body.get("run_id") == f.stem and body.get("schema") == SCHEMA
-    except (ValueError, KeyError, AttributeError, TypeError):
-        ok = False
-    if not ok:
-        warnings.warn(
-            f"{f}: corrupt or partial run record; the run will be redone",
-            CorruptRecord,
-            stacklevel=3,
-        )
-        return None
-    return body
+    def current_ids(self, manifest: dict[str, Any] | None = None) -> dict[str, str]:
+        """{run id: cell label} of the manifest's cells (empty without a manifest)."""
+        manifest = self.experiment() if manifest is None else manifest
+        return {
+            rid: c.get("label", "?")
+            for c in (manifest or {}).get("cells", [])
+            for rid in c["run_ids"]
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,45 +235,91 @@ class Results:
     runs: pd.DataFrame
     metrics: pd.DataFrame
     experiment: dict[str, Any] | None = None
+    provenance: pd.DataFrame | None = None
+    stale: bool = False  # these are the stale runs (`load(..., stale=True)`)
+    n_stale: int = 0  # stale records in the folder (not in these tables unless `stale`)
 
 
 def _config_value(v):
     return json.dumps(v) if isinstance(v, list | dict) else v
 
 
-def load(path: str | os.PathLike) -> Results:
-    """The runs and metrics of a results folder (see the module docstring)."""
-    store = Store(path)
-    if not store.path.exists():
-        raise FileNotFoundError(f"no results folder at {store.path}")
-    rows, parts = [], []
-    for r in store.records():
+def _labels(records, current: dict[str, str], stale: bool) -> list[tuple[dict, str]]:
+    """(record, cell label) of the runs to show. Current runs take the manifest's label; stale
+    runs (and runs of a folder without a manifest whose label spans several configs) get their
+    config id appended, so runs of different configs never share a label."""
+    if current and not stale:
+        return [(r, current[r["run_id"]]) for r in records if r["run_id"] in current]
+    chosen = [r for r in records if r["run_id"] not in current]
+    ids = {id(r): config_id(r["config"], r.get("data")) for r in chosen}
+    configs: dict[str, set] = {}
+    for r in chosen:
+        configs.setdefault(r["cell"], set()).add(ids[id(r)])
+    out = []
+    for r in chosen:
+        tag = stale or len(configs[r["cell"]]) > 1
+        out.append(
+            (r, f"{r['cell']} [{'stale ' if stale else ''}{ids[id(r)]}]" if tag else r["cell"])
+        )
+    return out
+
+
+def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
+    """The runs and metrics of a results folder (see the module docstring).
+
+    Args:
+      path: a results folder (the one holding experiment.json and runs/).
+      stale: False: the runs of the experiment's current cells. True: the stale runs only
+        (records the current experiment file no longer asks for), each cell label tagged with
+        its config id, so different configs never pool.
+    Raises:
+      FileNotFoundError: no such folder. StoreError: `path` is a file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no results folder at {p}")
+    if not p.is_dir():
+        raise StoreError(f"{p} is a file; load a results folder (the one holding runs/)")
+    store = Store(p)
+    manifest = store.experiment()
+    records = store.records()
+    current = store.current_ids(manifest)
+    n_stale = sum(r["run_id"] not in current for r in records) if current else 0
+    rows, parts, prov = [], [], []
+    for r, label in _labels(records, current, stale):
         seeds = r["seeds"]
-        row = {
-            "run_id": r["run_id"],
-            "experiment": r["experiment"],
-            "cell": r["cell"],
-            "status": r["status"],
-        }
+        name = manifest["name"] if manifest and not stale and current else r["experiment"]
+        row = {"run_id": r["run_id"], "experiment": name, "cell": label}
+        row["status"] = r["status"]
         row |= {col: seeds[s] for s, col in zip(STREAMS, SEED_COLUMNS, strict=True)}
         row |= {k: _config_value(v) for k, v in r["config"].items()}
         row |= r.get("summary") or {}
         row["wall_s"] = r.get("wall_s", np.nan)
         rows.append(row)
         parts.extend(_metric_frames(r))
+        prov.append(_provenance_row(r))
     runs = pd.DataFrame(rows)
-    manifest = store.experiment()
     if manifest and len(runs):  # cells in the order the experiment adds them
-        order = {c["label"]: i for i, c in enumerate(manifest.get("cells", []))}
+        order = {c.get("label"): i for i, c in enumerate(manifest["cells"])}
         key = runs["cell"].map(lambda c: order.get(c, len(order)))
-        runs = runs.assign(_o=key).sort_values(["_o", *SEED_COLUMNS], kind="stable")
+        runs = runs.assign(_o=key).sort_values(["_o", "cell", *SEED_COLUMNS], kind="stable")
         runs = runs.drop(columns="_o").reset_index(drop=True)
     if parts:
         metrics = pd.concat(parts, ignore_index=True)
     else:
         metrics = pd.DataFrame({"run_id": [], "step": [], "metric": [], "value": []})
     metrics = metrics.astype({"run_id": str, "step": np.int64, "metric": str, "value": np.float64})
-    return Results(store.path, runs, metrics, manifest)
+    columns = ["run_id", "numerics", "code", "jax", "jaxlib", "flax", "device"]
+    provenance_frame = pd.DataFrame(prov, columns=columns)
+    return Results(p, runs, metrics, manifest, provenance_frame, stale, n_stale)
+
+
+def _provenance_row(r: dict[str, Any]) -> dict[str, Any]:
+    prov = r.get("provenance") or {}
+    versions = prov.get("versions") or {}
+    row = {"run_id": r["run_id"], "numerics": r.get("numerics", 1), "code": code_version(prov)}
+    row |= {k: versions.get(k) for k in ("jax", "jaxlib", "flax")}
+    return row | {"device": prov.get("device")}
 
 
 def _metric_frames(r: dict[str, Any]) -> list[pd.DataFrame]:

@@ -1,0 +1,110 @@
+"""Reproducing one stored run, bit for bit, outside the sweep.
+
+    import fp4lab as fl
+    fresh = fl.sweep.reproduce("results/quickstart", run_id)   # raises unless every bit matches
+
+A sweep runs a cell's seeds as vmapped calls of `config.seed_batch` seeds, the last call padded
+with copies of its first seed (`fp4lab.sweep.compute`). XLA's kernels depend on the batch width,
+so `fl.train.make_train(cfg)` called on one seed's keys is *not* the stored run (its last bits
+differ, and a long run drifts); the same vmapped call of width `seed_batch` is, whichever seeds
+share it. `reproduce` therefore reruns the stored config and seed triple through
+`compute_cell`, the function the sweep itself used, padded to the same width, and compares
+every per-step series, every telemetry value and every summary number with the record.
+
+By hand: `compute_cell(record["config"], [seed triple])` gives the same numbers, provided the
+data files have the hashes in the record and `NUMERICS_VERSION` is the record's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from fp4lab.sweep import store as S
+from fp4lab.sweep.compute import compute_cell
+from fp4lab.sweep.experiment import ExperimentError
+
+__all__ = ["ReproductionError", "reproduce"]
+
+_TIMINGS = ("compile_s", "wall_s")  # host timings, never reproducible
+
+
+class ReproductionError(ExperimentError):
+    """A stored run that cannot be reproduced here, or whose numbers came out different."""
+
+
+def reproduce(folder: str | os.PathLike, run_id: str, *, check: bool = True) -> dict[str, Any]:
+    """Recomputes run `run_id` of the results folder `folder` exactly as the sweep did.
+
+    Args:
+      folder: a results folder.
+      run_id: the id of one of its runs (current or stale).
+      check: compare the fresh numbers with the record and raise on the first difference.
+    Returns:
+      The fresh result: {"summary", "series", "telemetry", "wall_s"}, as the record stores it.
+    Raises:
+      ReproductionError: no valid record with that id; a data file whose content changed; a
+        record of another numerics version; or (with `check`) a number that differs.
+    """
+    store = S.Store(folder)
+    record = store.read(run_id)
+    if record is None:
+        raise ReproductionError(f"{store.file(run_id)}: no valid record of run {run_id!r}")
+    if record.get("numerics", 1) != S.NUMERICS_VERSION:  # schema 1 records: version 1
+        raise ReproductionError(
+            f"run {run_id} was made with numerics version {record.get('numerics')!r}; this fp4lab "
+            f"computes version {S.NUMERICS_VERSION}, so its numbers differ on purpose"
+        )
+    try:
+        data = S.data_hashes(record["config"])
+    except OSError as e:
+        raise ReproductionError(f"run {run_id}: cannot read its data file ({e})") from e
+    if data != (record.get("data") or {}):
+        raise ReproductionError(f"run {run_id}: its data file changed since the run ({data})")
+    seeds = tuple(record["seeds"][s] for s in ("init", "data", "quant"))
+    (fresh,) = compute_cell(record["config"], [seeds])
+    if check:
+        _compare(run_id, record, fresh)
+    return fresh
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, dict) or isinstance(b, dict):
+        return isinstance(a, dict) and isinstance(b, dict) and _dicts_equal(a, b)
+    if a is None or b is None or isinstance(a, str) or isinstance(b, str):
+        return a == b
+    try:
+        x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    except (TypeError, ValueError):
+        return a == b
+    return x.shape == y.shape and bool(np.array_equal(x, y, equal_nan=True))
+
+
+def _dicts_equal(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(_equal(a[k], b[k]) for k in a)
+
+
+def _compare(run_id: str, record: dict, fresh: dict) -> None:
+    """Raises ReproductionError naming the first value that differs."""
+    for part in ("series", "telemetry", "summary"):
+        stored, new = record.get(part) or {}, fresh.get(part) or {}
+        if part == "summary":
+            stored = {k: v for k, v in stored.items() if k not in _TIMINGS}
+            new = {k: v for k, v in new.items() if k not in _TIMINGS}
+        for key in sorted(set(stored) | set(new)):
+            if not _equal(stored.get(key), new.get(key)):
+                a, b = stored.get(key), new.get(key)
+                show = f"{a} vs {b}" if _scalar(a) and _scalar(b) else "arrays differ"
+                raise ReproductionError(f"run {run_id}: {part}[{key!r}] differs: {show}")
+
+
+def _scalar(v) -> bool:
+    return (
+        isinstance(v, int | float)
+        and not isinstance(v, bool)
+        or v is None
+        or (isinstance(v, float) and math.isnan(v))
+    )

@@ -1,0 +1,288 @@
+"""Results you can trust: one experiment per folder, current and stale runs never pooled, run ids
+that cover data and numerics, provenance, per-batch records, bad entries skipped, file modes."""
+
+import json
+import os
+import stat
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fp4lab import cli, sweep
+from fp4lab.sweep import records, store
+
+BASE = """
+from fp4lab.train.config import Config
+
+SEEDS = 2
+
+def get_config():
+    return Config(task="teacher", din=32, dout=32, teacher_hidden=(32,), hidden=(32,),
+                  batch_size=32, steps={steps}, eval_batches=1, seed_batch=2, lr={lr})
+"""
+
+
+def write_experiment(tmp_path: Path, body: str, steps=3, lr=3e-3, name="exp") -> Path:
+    path = tmp_path / f"{name}.py"
+    sweep_fn = "\ndef sweep(add):\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    path.write_text(BASE.format(steps=steps, lr=lr) + sweep_fn)
+    return path
+
+
+def fake_compute(config, seeds):
+    """Plain data shaped like compute_cell's, from the config and seeds (no jax, instant)."""
+    out = []
+    for s in seeds:
+        loss = float(config["lr"] * 100 + config["steps"] + sum(s) / 10)
+        summary = {"final_loss": loss, "final_train_loss": loss, "eval_loss": loss}
+        summary |= {"loss_floor": 0.0, "loss_gap": loss, "diverged": False}
+        summary |= {"divergence_step": float("nan"), "divergence_kind": "none"}
+        summary |= {"target_loss": float("nan"), "tokens_to_target": float("nan")}
+        summary |= {"tokens_per_step": 32}
+        out.append(
+            {
+                "summary": summary,
+                "series": {"loss": np.full(config["steps"], loss, np.float32)},
+                "telemetry": {"steps": [], "metrics": {}},
+                "wall_s": 0.0,
+            }
+        )
+    return out
+
+
+def run(path, out, **kw):
+    return sweep.run_experiment(sweep.load_experiment(path), out, progress=False, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# A folder belongs to one experiment.
+
+
+def test_another_experiment_into_the_same_folder_is_an_error_unless_forced(tmp_path, capsys):
+    a = write_experiment(tmp_path, 'add(recipe="fp32")', name="alpha")
+    b = write_experiment(tmp_path, 'add(recipe="bf16")', name="beta")
+    out = tmp_path / "res"
+    run(a, out, compute=fake_compute)
+    with pytest.raises(sweep.FolderTaken, match=r"'alpha' \(alpha.py\), not of 'beta' \(beta.py\)"):
+        run(b, out, compute=fake_compute)
+    assert cli.main(["run", str(b), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "fp4lab run: error:" in err and "--force" in err and "'alpha'" in err
+    counts = run(b, out, compute=fake_compute, force=True)
+    assert counts["done"] == 2
+    res = store.load(out)
+    assert set(res.runs["experiment"]) == {"beta"} and res.n_stale == 2  # alpha's runs stay
+
+
+# ---------------------------------------------------------------------------------------------
+# Current and stale runs.
+
+
+def test_edited_config_runs_are_stale_never_pooled(tmp_path):
+    out = tmp_path / "res"
+    path = write_experiment(tmp_path, 'add("x", recipe="fp32")', lr=3e-3)
+    run(path, out, compute=fake_compute)
+    path = write_experiment(tmp_path, 'add("x", recipe="fp32")', lr=1e-2)  # lr edited
+    counts = run(path, out, compute=fake_compute)
+    assert counts["done"] == 2 and counts["skipped"] == 0
+    current = store.load(out)
+    assert len(current.runs) == 2 and (current.runs["lr"] == 1e-2).all()
+    assert list(current.runs["cell"]) == ["x", "x"] and current.n_stale == 2
+    old = store.load(out, stale=True)
+    assert len(old.runs) == 2 and (old.runs["lr"] == 3e-3).all()
+    assert old.runs["cell"].str.match(r"x \[stale [0-9a-f]{12}\]").all()
+    assert not set(old.runs["run_id"]) & set(current.runs["run_id"])
+    # other steps: a third config; the stale runs of the two old configs keep apart
+    sweep.run_experiment(
+        sweep.load_experiment(path, steps=5), out, progress=False, compute=fake_compute
+    )
+    stale = store.load(out, stale=True)
+    assert len(stale.runs) == 4 and stale.runs.groupby("cell").size().tolist() == [2, 2]
+
+
+def test_renamed_cell_shows_its_new_name_and_reruns_nothing(tmp_path):
+    out = tmp_path / "res"
+    run(write_experiment(tmp_path, 'add("old", recipe="fp32")'), out, compute=fake_compute)
+    counts = run(write_experiment(tmp_path, 'add("new", recipe="fp32")'), out, compute=fake_compute)
+    assert counts["skipped"] == 2 and counts["done"] == 0
+    res = store.load(out)
+    assert list(res.runs["cell"]) == ["new", "new"] and res.n_stale == 0
+
+
+def test_cli_ls_counts_stale_and_show_stale_shows_them(tmp_path, capsys):
+    out = tmp_path / "res"
+    path = write_experiment(tmp_path, 'add("x", recipe="fp32")')
+    assert cli.main(["run", str(path), "--out", str(out), "--quiet", "--no-figures"]) == 0
+    args = ["run", str(path), "--out", str(out), "--quiet", "--no-figures", "--steps", "2"]
+    assert cli.main(args) == 0
+    capsys.readouterr()
+    assert cli.main(["ls", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "x  " in text and "ok 2  failed 0  missing 0" in text and "stale: 2 runs" in text
+    assert cli.main(["show", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "2 stale runs not shown" in text
+    table = text.split("intervals over seeds")[1]
+    assert " x " in table and "stale" not in table.split("(2 stale")[0]
+    assert cli.main(["show", str(out), "--stale"]) == 0
+    assert "x [stale " in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# The run id covers data and numerics; records carry provenance.
+
+
+def test_run_id_covers_the_data_file_and_the_numerics_version(tmp_path, monkeypatch):
+    text = tmp_path / "t.txt"
+    text.write_text("abcabcabd" * 20)
+    body = f'add("t", task="text", text_path={str(text)!r}, seq_len=8, seeds=1)'
+    path = write_experiment(tmp_path, body)
+    out = tmp_path / "res"
+    assert run(path, out, compute=fake_compute)["done"] == 1
+    assert run(path, out, compute=fake_compute)["skipped"] == 1
+    text.write_text("abcabcabe" * 20)  # same length, other content
+    assert run(path, out, compute=fake_compute)["done"] == 1
+    assert store.load(out).n_stale == 1
+    monkeypatch.setattr(store, "NUMERICS_VERSION", store.NUMERICS_VERSION + 1)
+    assert run(path, out, compute=fake_compute)["done"] == 1  # a numerics bump redoes it
+    (rid,) = store.load(out).runs["run_id"]
+    record = store.Store(out).read(rid)
+    assert record["numerics"] == store.NUMERICS_VERSION == record["provenance"]["numerics"]
+    sha = record["data"]["text_path"]
+    assert len(sha) == 64 and sha in record["data"].values()
+    prov = record["provenance"]
+    assert prov["versions"]["fp4lab"] and prov["versions"]["jaxlib"] and prov["versions"]["flax"]
+    assert prov["device"] and "git_revision" in prov
+    text.unlink()
+    with pytest.raises(sweep.ExperimentError, match=r"exp.py:\d+: cell .*t.txt.*cannot read"):
+        sweep.load_experiment(path)
+
+
+def restamp(out: Path, code: str) -> None:
+    """Rewrites every record of `out` as if fp4lab `code` had made it."""
+    st = store.Store(out)
+    for r in st.records():
+        r.pop("schema")
+        r["provenance"]["versions"]["fp4lab"] = code
+        st.write(r)
+
+
+def test_show_warns_on_mixed_code_and_rerun_stale_recomputes(tmp_path, capsys):
+    out = tmp_path / "res"
+    path = write_experiment(tmp_path, 'add("x", recipe="fp32")')
+    run(path, out, compute=fake_compute)
+    restamp(out, "0.0.1")
+    write_experiment(tmp_path, 'add("x", recipe="fp32")\nadd("y", recipe="bf16")')
+    run(path, out, compute=fake_compute)  # y by this code, x by "0.0.1"
+    assert cli.main(["show", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "mixes code versions" in err and "2 runs by fp4lab 0.0.1" in err
+    assert "--rerun-stale" in err
+    counts = run(path, out, compute=fake_compute, rerun_stale=True)
+    assert counts["done"] == 2 and counts["skipped"] == 2  # x redone, y kept
+    assert cli.main(["show", str(out)]) == 0
+    assert "mixes code versions" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Records per finished seed batch.
+
+
+def test_records_are_written_per_seed_batch(tmp_path):
+    out = tmp_path / "res"
+    path = write_experiment(tmp_path, 'add("x", recipe="fp32", seeds=5)')  # seed_batch 2
+    seen = []
+
+    def compute(config, seeds):
+        seen.append((len(seeds), len(list((out / "runs").glob("*.json")))))
+        if len(seen) == 3:
+            raise KeyboardInterrupt  # killed while the third batch runs
+        return fake_compute(config, seeds)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(path, out, compute=compute)
+    assert seen == [(2, 0), (2, 2), (1, 4)]  # each batch's records on disk before the next
+    counts = run(path, out, compute=fake_compute)
+    assert counts["skipped"] == 4 and counts["done"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad entries: one warning naming the file, the rest loads.
+
+
+@pytest.mark.parametrize("bad", ["no_status", "manifest", "folder", "not_a_dict"])
+def test_a_bad_entry_is_skipped_with_one_warning(tmp_path, capsys, bad):
+    out = tmp_path / "res"
+    path = write_experiment(tmp_path, 'add("x", recipe="fp32")')
+    run(path, out, compute=fake_compute)
+    st = store.Store(out)
+    first = sorted((out / "runs").glob("*.json"))[0]
+    if bad == "no_status":  # a valid checksum, but no status
+        body = json.loads(first.read_text())
+        del body["status"], body["checksum"], body["schema"]
+        first.write_text(records.seal(body)[1])
+        culprit, what = first, "field 'status'=None"
+    elif bad == "manifest":
+        culprit = out / "experiment.json"
+        culprit.write_text(culprit.read_text()[:30])
+        what = "bad experiment manifest"
+    elif bad == "folder":
+        culprit = out / "runs" / "x.json"
+        culprit.mkdir()
+        what = "not a regular file"
+    else:
+        culprit, what = first, "holds a list"
+        first.write_text("[1, 2]")
+    with pytest.warns(store.CorruptRecord) as caught:
+        res = store.load(out)
+        store.load(out)
+        assert cli.main(["ls", str(out)]) == 0
+        assert cli.main(["show", str(out)]) == 0
+    mine = [w for w in caught if str(culprit) in str(w.message)]
+    assert len(mine) == 1 and what in str(mine[0].message)
+    assert len(res.runs) == (1 if bad in ("no_status", "not_a_dict") else 2)
+    with warnings.catch_warnings(record=True):  # already reported above: at most once more
+        counts = run(path, out, compute=fake_compute)
+        assert counts["done"] + counts["skipped"] == 2
+        assert len(st.records()) == 2 and len(store.load(out).runs) == 2
+
+
+def test_load_of_a_file_or_missing_folder_is_a_clear_error(tmp_path):
+    (tmp_path / "f.json").write_text("{}")
+    with pytest.raises(store.StoreError, match=r"f.json is a file; load a results folder"):
+        store.load(tmp_path / "f.json")
+    with pytest.raises(FileNotFoundError, match="no results folder"):
+        store.load(tmp_path / "nope")
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and their errors.
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_files_are_0666_minus_the_umask(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        run(write_experiment(tmp_path, 'add("x")'), tmp_path / "res", compute=fake_compute)
+    finally:
+        os.umask(old)
+    files = [f for f in (tmp_path / "res").rglob("*") if f.is_file()]
+    assert len(files) == 3 and {stat.S_IMODE(f.stat().st_mode) for f in files} == {mode}
+
+
+@pytest.mark.parametrize("errno_, message", [(28, "no space left"), (30, "Read-only file system")])
+def test_a_write_that_fails_is_one_clear_error(tmp_path, monkeypatch, capsys, errno_, message):
+    path = write_experiment(tmp_path, 'add("x")')
+
+    def fail(*args, **kwargs):
+        raise OSError(errno_, os.strerror(errno_))
+
+    monkeypatch.setattr(records.tempfile, "mkstemp", fail)
+    with pytest.raises(store.StoreError, match=f"experiment.json: cannot write .*{message}"):
+        run(path, tmp_path / "res", compute=fake_compute)
+    assert cli.main(["run", str(path), "--out", str(tmp_path / "res"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "experiment.json" in err[0]
