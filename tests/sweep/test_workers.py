@@ -1,0 +1,82 @@
+"""Worker processes end with their parent: SIGKILL (a scheduler's timeout) and SIGTERM."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+EXPERIMENT = """
+from fp4lab.train.config import Config
+
+def get_config():
+    return Config(task="teacher", din=32, dout=32, teacher_hidden=(32,), hidden=(32,),
+                  batch_size=32, steps=20000, eval_batches=1, seed_batch=1)
+
+def sweep(add):
+    add(lr=1e-3)
+    add(lr=2e-3)
+"""
+
+
+def descendants(pid: int) -> set[int]:
+    """The live (non-zombie) descendants of `pid`, from /proc."""
+    parents = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(d.name)] = int(fields[1])
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - out
+        out |= frontier
+    return out
+
+
+def alive(pids: set[int]) -> set[int]:
+    out = set()
+    for p in pids:
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.add(p)
+    return out
+
+
+@pytest.mark.slow  # subprocesses that load jax
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_workers_end_with_their_parent(tmp_path, sig):
+    path = tmp_path / "exp.py"
+    path.write_text(textwrap.dedent(EXPERIMENT))
+    cmd = [sys.executable, "-m", "fp4lab.cli", "run", str(path), "--out", str(tmp_path / "r")]
+    cmd += ["--workers", "2", "--quiet", "--no-figures"]
+    env = os.environ | {"JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    children: set[int] = set()
+    while time.time() < deadline and len(children) < 2:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        children = descendants(proc.pid)
+        time.sleep(0.2)
+    assert len(children) >= 2, "the workers did not start"
+    time.sleep(3)  # the workers are loading jax or computing
+    children = descendants(proc.pid)
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 130 and b"interrupted" in proc.stderr.read()
+    deadline = time.time() + 60
+    while time.time() < deadline and alive(children):
+        time.sleep(0.2)
+    assert not alive(children), f"orphaned workers: {alive(children)}"
