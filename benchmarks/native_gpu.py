@@ -1,32 +1,29 @@
-"""Native block-scaled GEMMs against the simulator: parity and speed on a GPU.
+"""Native FP4/FP8 GEMMs against the simulator: parity of all three GEMMs, and a training step.
 
-For each native kind
+One script, one table per part, for each native kind the device runs:
 
-  nvfp4  fl.nvfp4(convention="jax")        jax.nn.scaled_matmul, compute capability >= 10
-  mxfp8  fl.mxfp8(scale_rounding="ceil")   jax.nn.scaled_matmul, compute capability >= 10
-  fp8    fl.fp8("e4m3")                    FP8 dot_general (cuBLAS FP8), compute capability >= 8.9
+  nvfp4  fl.nvfp4(convention="jax") on all six operands    jax.nn.scaled_matmul, cc >= 10
+  mxfp8  fl.mxfp8(scale_rounding="ceil") on all six         jax.nn.scaled_matmul, cc >= 10
+  fp8    E4M3 forward operands, E5M2 gradients (per tensor)  FP8 dot_general, cc >= 8.9
 
-and each size M = N = K (default 8192 and 4096), y = x . w with x (M, K), w (K, N) float32:
+  parity   y (Fprop), dx (Dgrad) and dw (Wgrad) of a dot_general with every GEMM native
+           against the simulator with FP32 GEMMs at precision HIGHEST, on the same quantized
+           operands: max |native - simulated| / max |simulated| per GEMM, which should stay
+           within FP32 accumulation order (1e-5)
+  step     one training step (forward, backward, Adam; nnx.jit) of the 4-block Llama-style LM
+           (d=512, 8 heads, d_ff=2048, sequence 256, batch 16; lm_head in high precision) under
+           the kind's recipe simulated and native, and under bf16: the first call (compile) in
+           seconds, then the median of interleaved timed steps in ms
 
-  parity   fp4lab.ops.native.native_fprop(x, w, dn, spec, spec) against the simulated
-           fp4lab.qdot_general(x, w, dn, GemmRecipe(fprop_x=spec, fprop_w=spec)) with an
-           FP32 (precision HIGHEST) GEMM: max |y_native - y_sim| / max |y_sim|, which should
-           stay within FP32 accumulation order (1e-5): both multiply the same quantized operands
-  time     native_fprop (quantize both operands + the native GEMM), the native GEMM alone on
-           operands quantized beforehand, the simulated qdot_general (quantize-dequantize +
-           float32 dot_general at default precision), and a bf16 lax.dot_general (float32
-           output), all jitted; medians of interleaved rounds, each call ended with
-           block_until_ready, after compilation and warm-up calls; speedups are the other
-           method's time over native_fprop's (> 1: native is faster)
-
-Kinds the device cannot run natively (fp4lab.ops.native.resolve says why) are listed as
-skipped, as are kinds whose native call fails to compile here (e.g. a jax or cuDNN without
-the kernel). On a CPU everything is skipped; `--cpu-check` instead checks the parity of the
-rest of the native path (quantization, layout, outer scales) at small shapes, with
-fp4lab.ops.native.reference_matmul standing in for the hardware GEMM.
+Kinds the device cannot run natively (fp4lab.ops.native.gemm_backends says why) are listed as
+skipped, as are kinds whose native call fails here (e.g. a jax or cuDNN without the kernel).
+On Hopper, FP8 runs and NVFP4/MXFP8 are skipped. `--cpu-check` (any device, run by the tests)
+checks the parity part at small shapes with fp4lab.ops.native.reference_matmul standing in for
+the hardware GEMM, and skips the step timing. Planned to finish in well under 8 minutes on one
+GPU.
 
     python benchmarks/native_gpu.py                    # on a Blackwell or Hopper GPU
-    python benchmarks/native_gpu.py --sizes 4096 --reps 50
+    python benchmarks/native_gpu.py --reps 50
     python benchmarks/native_gpu.py --cpu-check        # anywhere
 """
 
@@ -36,241 +33,193 @@ import argparse
 import functools
 import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
+import optax
+from flax import nnx
 from jax import lax
 from timing import interleaved  # benchmarks/timing.py
 
 import fp4lab as fl
+from fp4lab import schema
 from fp4lab.core.recipes import GemmRecipe
+from fp4lab.models.transformer import Transformer, TransformerConfig
 from fp4lab.ops import native as native_ops
-from fp4lab.ops.dot_general import qdot_general
-from fp4lab.ops.layout import DotLayout
+from fp4lab.ops import scaffold
+from fp4lab.ops.dot_general import DotGemm
 
 TOL = 1e-5  # FP32 accumulation order, relative to max |y|
-DN = (((1,), (0,)), ((), ()))  # x (M, K) . w (K, N)
+
+
+def _all_six(spec, name: str) -> GemmRecipe:
+    return GemmRecipe(**dict.fromkeys(schema.OPERAND_NAMES, spec), name=name)
+
+
+E4, E5 = fl.fp8("e4m3"), fl.fp8("e5m2")
 KINDS = {
-    "nvfp4": fl.nvfp4(convention="jax"),
-    "mxfp8": fl.mxfp8(scale_rounding="ceil"),
-    "fp8": fl.fp8("e4m3"),
+    "nvfp4": _all_six(fl.nvfp4(convention="jax"), "nvfp4-native"),
+    "mxfp8": _all_six(fl.mxfp8(scale_rounding="ceil"), "mxfp8-native"),
+    "fp8": GemmRecipe(
+        fprop_x=E4, fprop_w=E4, dgrad_dy=E5, dgrad_w=E4, wgrad_x=E4, wgrad_dy=E5, name="fp8"
+    ),
 }
+SHAPES = [  # (label, x shape, w shape, dimension numbers)
+    ("(B, T, D) . (D, F)", (4, 256, 512), (512, 384), (((2,), (0,)), ((), ()))),
+    ("(T, D) . (F, D)^T", (512, 1024), (256, 1024), (((1,), (1,)), ((), ()))),
+]
+SMALL = [  # --cpu-check
+    ("(B, T, D) . (D, F)", (2, 32, 128), (128, 64), (((2,), (0,)), ((), ()))),
+    ("(T, D) . (F, D)^T", (64, 256), (96, 256), (((1,), (1,)), ((), ()))),
+]
 
 
 def rel_err(y, ref) -> float:
-    """max |y - ref| / max |ref| in float64 on the host."""
-    y = jnp.asarray(y, jnp.float32)
-    ref = jnp.asarray(ref, jnp.float32)
+    """max |y - ref| / max |ref|."""
+    y, ref = jnp.asarray(y, jnp.float32), jnp.asarray(ref, jnp.float32)
     scale = float(jnp.max(jnp.abs(ref)))
     return float(jnp.max(jnp.abs(y - ref))) / (scale if scale > 0 else 1.0)
 
 
-def simulated(spec, dn, precision=None):
-    recipe = GemmRecipe(fprop_x=spec, fprop_w=spec)
-    return jax.jit(lambda x, w: qdot_general(x, w, dn, recipe, precision=precision))
+def gemms(recipe, dn, backends, matmul=None, precision=None):
+    """jit (x, w, g) -> (y, (dx, dw)) of one quantized dot_general under the cotangent g.
 
-
-def native(spec, dn, matmul=None):
-    return jax.jit(lambda x, w: native_ops.native_fprop(x, w, dn, spec, spec, matmul=matmul))
-
-
-def native_gemm_only(kind, spec, x, w, dn):
-    """The native GEMM on operands quantized beforehand: (jitted fn, its arguments)."""
-    lay = DotLayout.of(x.shape, w.shape, dn)
-    a, sa, ga = native_ops.to_native(fl.quantize(lay.lhs_to(x), spec.replace(axis=-1)))
-    b, sb, gb = native_ops.to_native(fl.quantize(lay.rhs_to(w), spec.replace(axis=-1)))
-    if kind == "fp8":
-
-        def f(a, b, sa, sb, g):
-            dn3 = (((2,), (2,)), ((0,), (0,)))
-            return lax.dot_general(a, b, dn3, preferred_element_type=jnp.float32) * g
-    else:
-
-        def f(a, b, sa, sb, g):
-            return jax.nn.scaled_matmul(a, b, sa, sb, preferred_element_type=jnp.float32) * g
-
-    return jax.jit(f), (a, b, sa, sb, ga * gb)
-
-
-def bf16_dot(dn):
-    return jax.jit(lambda a, b: lax.dot_general(a, b, dn, preferred_element_type=jnp.float32))
-
-
-def median_ms(calls: dict, reps: int, warmup: int) -> dict[str, float]:
-    """calls: {name: (jitted fn, args)}, compiled already."""
-    for f, args in calls.values():
-        for _ in range(warmup):
-            jax.block_until_ready(f(*args))
-    times = interleaved(
-        {name: functools.partial(f, *args) for name, (f, args) in calls.items()}, reps
+    g is fixed (not computed from y): a cotangent that depended on y would feed the Fprop's
+    last-bit differences into the quantized dy of Dgrad and Wgrad and flip rounding there.
+    """
+    gemm = DotGemm(
+        recipe=recipe, dimension_numbers=dn, backends=backends, matmul=matmul, precision=precision
     )
-    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+
+    def run(x, w, g):
+        y, vjp = jax.vjp(lambda a, b: scaffold.apply(gemm, a, b, (jax.random.key(0), {})), x, w)
+        return y, vjp(g)
+
+    return jax.jit(run)
 
 
-def operands(m: int, k: int, n: int, seed: int = 0):
-    kx, kw = jax.random.split(jax.random.key(seed))
-    return jax.random.normal(kx, (m, k), jnp.float32), jax.random.normal(kw, (k, n), jnp.float32)
-
-
-def supported(kinds, device) -> tuple[list[str], list[tuple[str, str]]]:
-    """(kinds the device runs natively, [(kind, why skipped)])."""
-    run, skipped = [], []
-    for kind in kinds:
-        spec = KINDS[kind]
-        try:
-            native_ops.resolve(spec, spec, "native", device)
-        except RuntimeError as e:
-            skipped.append((kind, str(e)))
-        else:
-            run.append(kind)
-    return run, skipped
-
-
-def print_skipped(skipped) -> None:
-    for kind, why in skipped:
-        print(f"skipped {kind}: {why}")
-
-
-def cpu_check(kinds) -> bool:
-    """Parity of the native path with reference_matmul at small shapes; True if all pass."""
-    shapes = [
-        ("(128, 512) . (512, 256)", (128, 512), (512, 256), DN),
-        ("(2, 32, 256) . (256, 64)", (2, 32, 256), (256, 64), (((2,), (0,)), ((), ()))),
-        ("(256, 1024) . (96, 1024)^T", (256, 1024), (96, 1024), (((1,), (1,)), ((), ()))),
-    ]
-    print("| kind | x . w | max abs err / max abs y | tolerance | parity |")
-    print("|---|---|---:|---:|---|")
+def parity(kinds, shapes, matmul=None) -> bool:
+    """The parity table; True if every GEMM of every kind is within TOL."""
+    print("| kind | x . w | Fprop y | Dgrad dx | Wgrad dw | parity |")
+    print("|---|---|---:|---:|---:|---|")
     ok_all = True
     for kind in kinds:
-        spec = KINDS[kind]
+        recipe = KINDS[kind]
         for i, (label, xs, ws, dn) in enumerate(shapes):
-            kx, kw = jax.random.split(jax.random.key(i))
+            kx, kw, kg = jax.random.split(jax.random.key(i), 3)
             x = jax.random.normal(kx, xs, jnp.float32)
             w = jax.random.normal(kw, ws, jnp.float32)
-            y_nat = native(spec, dn, matmul=native_ops.reference_matmul)(x, w)
-            y_sim = simulated(spec, dn, precision=lax.Precision.HIGHEST)(x, w)
-            if y_nat.shape != y_sim.shape:
-                raise AssertionError(f"{kind} {label}: shapes {y_nat.shape} != {y_sim.shape}")
-            err = rel_err(y_nat, y_sim)
-            ok = err <= TOL
-            ok_all &= ok
-            print(f"| {kind} | {label} | {err:.2e} | {TOL:.0e} | {'ok' if ok else 'FAILED'} |")
-    return ok_all
-
-
-def gpu_bench(kinds, sizes, reps: int, warmup: int) -> bool:
-    cols = [
-        "kind",
-        "M=N=K",
-        "max abs err / max abs y",
-        "parity",
-        "native ms",
-        "native GEMM only ms",
-        "simulated ms",
-        "bf16 ms",
-        "speedup vs bf16",
-        "speedup vs simulated",
-    ]
-    rows, failed, ok_all = [], [], True
-    for kind in kinds:
-        spec = KINDS[kind]
-        for size in sizes:
-            x, w = operands(size, size, size)
+            g = jax.random.normal(kg, jax.eval_shape(lambda: lax.dot_general(x, w, dn)).shape)
             try:
-                f_nat = native(spec, DN)
-                y_nat = jax.block_until_ready(f_nat(x, w))
-                f_gemm, gemm_args = native_gemm_only(kind, spec, x, w, DN)
-                jax.block_until_ready(f_gemm(*gemm_args))
+                y_n, (dx_n, dw_n) = gemms(recipe, dn, ("native",) * 3, matmul)(x, w, g)
             except Exception as e:  # a missing kernel shows up in many forms
-                failed.append((kind, size, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
+                print(f"| {kind} | {label} | - | - | - | native call failed: {_first(e)} |")
+                ok_all = False
                 continue
-            y_ref = simulated(spec, DN, precision=lax.Precision.HIGHEST)(x, w)
-            err = rel_err(y_nat, y_ref)
-            ok = err <= TOL
+            hi = lax.Precision.HIGHEST
+            y_s, (dx_s, dw_s) = gemms(recipe, dn, ("simulated",) * 3, precision=hi)(x, w, g)
+            errs = [rel_err(y_n, y_s), rel_err(dx_n, dx_s), rel_err(dw_n, dw_s)]
+            ok = all(e <= TOL for e in errs)
             ok_all &= ok
-            del y_ref, y_nat
-            f_sim = simulated(spec, DN)
-            f_bf = bf16_dot(DN)
-            xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
-            jax.block_until_ready(f_sim(x, w))
-            jax.block_until_ready(f_bf(xb, wb))
-            ms = median_ms(
-                {
-                    "native": (f_nat, (x, w)),
-                    "gemm": (f_gemm, gemm_args),
-                    "sim": (f_sim, (x, w)),
-                    "bf16": (f_bf, (xb, wb)),
-                },
-                reps,
-                warmup,
-            )
-            rows.append(
-                [
-                    kind,
-                    str(size),
-                    f"{err:.2e}",
-                    "ok" if ok else "FAILED",
-                    f"{ms['native']:.3f}",
-                    f"{ms['gemm']:.3f}",
-                    f"{ms['sim']:.3f}",
-                    f"{ms['bf16']:.3f}",
-                    f"{ms['bf16'] / ms['native']:.2f}x",
-                    f"{ms['sim'] / ms['native']:.2f}x",
-                ]
-            )
-    if rows:
-        print("| " + " | ".join(cols) + " |")
-        print("|" + "|".join(["---", "---:", "---:", "---"] + ["---:"] * (len(cols) - 4)) + "|")
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-    for kind, size, why in failed:
-        print(f"skipped {kind} at {size}: the native call failed here ({why})")
+            cells = " | ".join(f"{e:.2e}" for e in errs)
+            print(f"| {kind} | {label} | {cells} | {'ok' if ok else 'FAILED'} |")
     return ok_all
+
+
+def _first(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+
+
+LM = TransformerConfig(vocab=256, d_model=512, n_layers=4, n_heads=8, d_ff=2048, max_len=256)
+
+
+def _loss(model, tokens):
+    logits = model(tokens[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+def _step(model, opt, tokens):
+    loss, grads = nnx.value_and_grad(_loss)(model, tokens)
+    opt.update(model, grads)
+    return loss
+
+
+def lm_step(kind, reps: int, warmup: int) -> None:
+    """Compile seconds and median ms per step: the kind simulated and native, and bf16."""
+    tokens = jax.random.randint(jax.random.key(0), (16, LM.max_len + 1), 0, LM.vocab)
+    rows = {}
+    for name, recipe, backend in (
+        (f"{kind} simulated", KINDS[kind], "simulated"),
+        (f"{kind} native", KINDS[kind], "native"),
+        ("bf16", "bf16", "simulated"),
+    ):
+        model = Transformer(LM, rngs=nnx.Rngs(0))
+        rules = [fl.Rule(r".*lm_head.*", None), fl.Rule(r".*", recipe)]
+        fl.quantize_model(model, rules, backend=backend)
+        opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+        step = nnx.jit(_step)
+        t0 = time.perf_counter()
+        jax.block_until_ready(step(model, opt, tokens))
+        rows[name] = (functools.partial(step, model, opt, tokens), time.perf_counter() - t0)
+    for fn, _ in rows.values():
+        for _ in range(warmup):
+            jax.block_until_ready(fn())
+    times = interleaved({n: (lambda f=f: jax.block_until_ready(f())) for n, (f, _) in rows.items()},
+                        reps)  # fmt: skip
+    for name, (_, first) in rows.items():
+        ms = 1e3 * statistics.median(times[name])
+        print(f"| {name} | {first:.1f} | {ms:.2f} |")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="8192,4096", help="comma-separated M = N = K")
     p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated native kinds")
-    p.add_argument("--reps", type=int, default=20, help="timed calls per method")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls after compiling")
+    p.add_argument("--reps", type=int, default=20, help="timed training steps per row")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps after compiling")
     p.add_argument(
         "--cpu-check",
         action="store_true",
-        help="parity of the native path with a reference matmul at small shapes (any device)",
+        help="parity of all three GEMMs with a reference matmul at small shapes (any device)",
     )
     args = p.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         p.error(f"unknown kinds {bad}; known: {', '.join(KINDS)}")
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    if any(s % 32 for s in sizes):
-        p.error("--sizes must be multiples of 32 (MXFP8 blocks)")
-
     dev = native_ops.current_device()
     print(
         f"device: {dev.platform} {dev.name} (compute capability {dev.compute_capability}), "
         f"jax {jax.__version__}"
     )
     if args.cpu_check:
-        print("cpu-check: native path with fp4lab.ops.native.reference_matmul as the GEMM")
-        print()
-        ok = cpu_check(kinds)
-        print()
-        print(f"parity within {TOL:.0e}: {'all ok' if ok else 'FAILED'}")
+        print("cpu-check: the native path with fp4lab.ops.native.reference_matmul as the GEMM\n")
+        ok = parity(kinds, SMALL, matmul=native_ops.reference_matmul)
+        print(f"\nparity within {TOL:.0e}: {'all ok' if ok else 'FAILED'}")
         return 0 if ok else 1
 
-    run, skipped = supported(kinds, dev)
-    print(f"sizes M=N=K {sizes}; median of {args.reps} calls after {args.warmup} warm-up calls")
-    print()
-    print_skipped(skipped)
+    run = []
+    for kind in kinds:
+        try:
+            native_ops.gemm_backends(KINDS[kind], "native", dev)
+        except (RuntimeError, ValueError) as e:
+            print(f"skipped {kind}: {e}")
+        else:
+            run.append(kind)
     if not run:
-        print("no native kind runs on this device: nothing to time (try --cpu-check)")
+        print("no native kind runs on this device: nothing to measure (try --cpu-check)")
         return 0
-    ok = gpu_bench(run, sizes, args.reps, args.warmup)
-    print()
-    print(f"parity within {TOL:.0e}: {'all ok' if ok else 'FAILED'}")
+    print("\nparity of each GEMM, native against simulated (FP32 HIGHEST), same operands\n")
+    ok = parity(run, SHAPES)
+    print(f"\nparity within {TOL:.0e}: {'all ok' if ok else 'FAILED'}")
+    print(f"\ntraining step of the 4-block LM; median of {args.reps} steps, interleaved\n")
+    print("| row | first call (compile) s | median ms / step |")
+    print("|---|---:|---:|")
+    for kind in run:
+        try:
+            lm_step(kind, args.reps, args.warmup)
+        except Exception as e:
+            print(f"| {kind} | step failed: {_first(e)} | - |")
     return 0 if ok else 1
 
 

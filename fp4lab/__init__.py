@@ -8,7 +8,8 @@ stay fast and a worker process loads only what it runs.
                           quantize, quantize_dequantize, fake_quant, format_names, get_format
     GEMMs                 GemmRecipe, recipes (get, names, doc), qdot_general,
                           qconv_general_dilated
-    models                Rule, quantize_model, describe, unquantize, telemetry
+    models                Rule, quantize_model, describe, backend_report, unquantize,
+                          telemetry
     runs                  Config, make_keys, make_train, train, sweep, load
     analysis              analysis (plots and report are its submodules)
 """
@@ -40,6 +41,7 @@ _API = {
     "Rule": ("fp4lab.nnx.rules", "Rule"),
     "quantize_model": ("fp4lab.nnx.rules", "quantize_model"),
     "describe": ("fp4lab.nnx.rules", "describe"),
+    "backend_report": ("fp4lab.nnx.rules", "backend_report"),
     "unquantize": ("fp4lab.nnx.rules", "unquantize"),
     "telemetry": ("fp4lab.nnx.telemetry", None),
     "Config": ("fp4lab.train.config", "Config"),

@@ -34,8 +34,9 @@ from fp4lab.nnx.op import (
     QuantizedEinsum,
     QuantizedOp,
 )
+from fp4lab.ops import native
 
-__all__ = ["Rule", "quantize_model", "describe", "unquantize", "OPS"]
+__all__ = ["Rule", "quantize_model", "describe", "backend_report", "unquantize", "OPS"]
 
 OPS = ("dot_general", "einsum", "conv", "attention")
 _DEFAULT_OPS = ("dot_general", "einsum", "conv")
@@ -167,6 +168,33 @@ def describe(model: nnx.Module):
             name = current.recipe.name or "custom"
         rows.append({"path": _dotted(path), "op": op, "recipe": name})
     return pd.DataFrame(rows, columns=["path", "op", "recipe"])
+
+
+def backend_report(model: nnx.Module):
+    """One row per quantized op and GEMM: where it runs (simulated or native) and why.
+
+    Columns: path, op, recipe, gemm, backend, kind (the native kind the GEMM's operand specs
+    match, or None), reason. Resolved as `qdot_general` resolves it on this device
+    (`fp4lab.ops.native.gemm_backends`); "auto" fallbacks are listed here, not warned about.
+    Returns a pandas DataFrame.
+    """
+    import pandas as pd
+
+    rows = []
+    for _, module in nnx.iter_modules(model):
+        if not isinstance(module, QuantizedOp):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            choices = native.gemm_backends(module.recipe, module.backend)
+        name = module.recipe.name or "custom"
+        for c in choices:
+            rows.append(
+                {"path": module.path, "op": module.op, "recipe": name, "gemm": c.gemm}
+                | {"backend": c.backend, "kind": c.kind, "reason": c.reason}
+            )
+    columns = ["path", "op", "recipe", "gemm", "backend", "kind", "reason"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def unquantize(model: nnx.Module) -> nnx.Module:

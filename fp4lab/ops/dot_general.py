@@ -23,6 +23,11 @@ from fp4lab.ops.plan import Gemm, operand_keys, resolve_recipe
 __all__ = ["qdot_general", "DotGemm"]
 
 
+def _swap(a3):
+    """(B, P, Q) -> (B, Q, P): puts a canonical operand's other axis last."""
+    return jnp.swapaxes(a3, 1, 2)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DotGemm(Gemm):
     """A quantized lax.dot_general with fixed dimension numbers and precision arguments."""
@@ -30,7 +35,8 @@ class DotGemm(Gemm):
     dimension_numbers: tuple
     precision: object = None
     preferred_element_type: object = None
-    backend: str = "simulated"  # resolved: "simulated" | "native" (the forward GEMM)
+    backends: tuple = ("simulated",) * 3  # resolved, per GEMM: fprop, dgrad, wgrad
+    matmul: object = None  # the native GEMM (None: the hardware's); checks pass a reference
 
     def gemm(self, a, b):
         return lax.dot_general(
@@ -45,7 +51,7 @@ class DotGemm(Gemm):
         return DotLayout.of(lhs_shape, rhs_shape, self.dimension_numbers)
 
     def forward(self, lhs, rhs, aux):
-        if self.backend != "native":
+        if self.backends[0] != "native":
             return super().forward(lhs, rhs, aux)
         r = self.recipe
         y = native.native_fprop(
@@ -55,6 +61,7 @@ class DotGemm(Gemm):
             r.fprop_x,
             r.fprop_w,
             preferred_element_type=self.preferred_element_type,
+            matmul=self.matmul,
         )
         if not self.telemetry:
             return y
@@ -63,6 +70,32 @@ class DotGemm(Gemm):
             lhs, rhs, operand_keys(key), amax, rotated=True, stats=True
         )
         return y, stats
+
+    def grads(self, lhs, rhs, g, aux):
+        """As the plan's, with Dgrad and Wgrad on the native GEMM where `backends` says.
+
+        In the canonical layout Dgrad is dx (B, M, K) = dy (B, M, N) . w (B, N, K), contracting
+        N: the native operands are dy and w^T, both quantized along N. Wgrad is
+        dw (B, N, K) = dy^T . x, contracting the tokens M: the operands are dy^T and x^T. The
+        simulated results they replace are dropped by the compiler; the telemetry of the
+        backward operands is the simulator's (the same quantized values).
+        """
+        dx, dw, stats = super().grads(lhs, rhs, g, aux)
+        if "native" not in self.backends[1:]:
+            return dx, dw, stats
+        r, lay = self.recipe, self.layout(lhs.shape, rhs.shape)
+        dy3 = lay.dy_to(g)
+        if self.backends[1] == "native":
+            w3 = lay.rhs_to(rhs)
+            dx3 = native.native_matmul(dy3, _swap(w3), r.dgrad_dy, r.dgrad_w, matmul=self.matmul)
+            dx = lay.lhs_from(dx3.astype(lhs.dtype))
+        if self.backends[2] == "native":
+            x3 = lay.lhs_to(lhs)
+            dw3 = native.native_matmul(
+                _swap(dy3), _swap(x3), r.wgrad_dy, r.wgrad_x, matmul=self.matmul
+            )
+            dw = lay.rhs_from(dw3.astype(rhs.dtype))
+        return dx, dw, stats
 
 
 def qdot_general(
@@ -87,8 +120,10 @@ def qdot_general(
       key: PRNG key for stochastic rounding and random Hadamard signs; required when the
         recipe uses them. Each operand and each GEMM rotation gets its own key folded from it.
       out_sharding: accepted for signature compatibility with flax; must be None.
-      backend: "simulated" (reference), "native" (hardware block-scaled GEMM for the forward;
-        an error where unsupported) or "auto" (native where supported; says once which).
+      backend: "simulated" (reference), "native" (each GEMM whose operand specs match a
+        hardware kernel runs on it, the others simulated; an error where the device cannot)
+        or "auto" (native where the device supports it; says once what it chose), see
+        `fp4lab.ops.native.gemm_backends`.
       probe: telemetry. A zero float32 array of shape (len(BWD_OPERANDS), len(STATS)) of
         `fp4lab.schema`; when given, returns (y, forward statistics (2, len(STATS))) and the
         probe's cotangent carries the backward statistics (Dgrad dy, Dgrad w, Wgrad x, Wgrad dy).
@@ -109,6 +144,6 @@ def qdot_general(
         dimension_numbers=dn,
         precision=precision,
         preferred_element_type=preferred_element_type,
-        backend=native.resolve(recipe.fprop_x, recipe.fprop_w, backend),
+        backends=tuple(c.backend for c in native.gemm_backends(recipe, backend)),
     )
     return scaffold.apply(gemm, lhs, rhs, (key, amax), probe)

@@ -1,5 +1,8 @@
 """Backends: the parts of the native path that run on the CPU, and device selection."""
 
+import pathlib
+import subprocess
+import sys
 import warnings
 
 import jax
@@ -8,9 +11,10 @@ import numpy as np
 import pytest
 
 import fp4lab as fl
+from fp4lab import schema
 from fp4lab.core import recipes
-from fp4lab.ops import native
-from fp4lab.ops.dot_general import qdot_general
+from fp4lab.ops import native, scaffold
+from fp4lab.ops.dot_general import DotGemm, qdot_general
 
 DN = (((2,), (0,)), ((), ()))
 NV = fl.nvfp4(convention="jax")
@@ -112,3 +116,123 @@ def test_native_on_this_cpu_is_a_clear_error():
         pytest.skip("runs on CPU machines")
     with pytest.raises(RuntimeError, match="needs a GPU"):
         qdot_general(x, w, DN, recipe, backend="native")
+
+
+# ---------------------------------------------------------------------------------------------
+# All three GEMMs.
+
+BLACKWELL = native.Device("gpu", 10.0, "B200")
+HOPPER = native.Device("gpu", 9.0, "H100")
+CPU = native.Device("cpu", None, "cpu")
+
+
+def _cotangent(shape):
+    return jax.random.normal(jax.random.key(9), shape)
+
+
+def _all_six(spec, **kw):
+    return recipes.GemmRecipe(**dict.fromkeys(schema.OPERAND_NAMES, spec), **kw)
+
+
+def _fp8_recipe(**kw):
+    e4, e5 = fl.fp8("e4m3"), fl.fp8("e5m2")
+    return recipes.GemmRecipe(
+        fprop_x=e4, fprop_w=e4, dgrad_dy=e5, dgrad_w=e4, wgrad_x=e4, wgrad_dy=e5, **kw
+    )
+
+
+def _backends(choices):
+    return [c.backend for c in choices]
+
+
+def test_each_gemm_is_judged_on_its_own_specs():
+    mixed = _all_six(NV).replace(dgrad_dy=NV.replace(rounding="stochastic"))
+    choices = native.gemm_backends(mixed, "native", BLACKWELL)
+    assert [c.gemm for c in choices] == list(schema.GEMMS)
+    assert _backends(choices) == ["native", "simulated", "native"]
+    assert [c.kind for c in choices] == ["nvfp4", None, "nvfp4"]
+    assert "no native kernel" in choices[1].reason
+    assert _backends(native.gemm_backends(_fp8_recipe(), "native", HOPPER)) == ["native"] * 3
+    assert (
+        _backends(native.gemm_backends(_all_six(MX8), "simulated", BLACKWELL)) == ["simulated"] * 3
+    )
+
+
+def test_backward_modes_without_quantized_backward_operands_run_their_backward_simulated():
+    for mode in ("dequantized", "high_precision"):
+        choices = native.gemm_backends(_all_six(NV, backward=mode), "native", BLACKWELL)
+        assert _backends(choices) == ["native", "simulated", "simulated"]
+        assert all(mode in c.reason for c in choices[1:])
+
+
+def test_native_errors_and_auto_fallbacks_name_the_gemm_and_the_reason():
+    with pytest.raises(RuntimeError, match="fprop: nvfp4 needs a GPU with compute capability"):
+        native.gemm_backends(_all_six(NV), "native", HOPPER)
+    with pytest.raises(ValueError, match="no GEMM of recipe nvfp4 matches a native kernel"):
+        native.gemm_backends(recipes.get("nvfp4"), "native", BLACKWELL)
+    native.reset_announcements()
+    with pytest.warns(UserWarning, match="fprop simulated .nvfp4 needs a GPU"):
+        choices = native.gemm_backends(_all_six(NV), "auto", CPU)
+    assert _backends(choices) == ["simulated"] * 3
+
+
+def _value_and_grads(recipe, backends, x, w, dn=DN):
+    gemm = DotGemm(recipe=recipe, dimension_numbers=dn, backends=backends)
+
+    def loss(x, w):
+        y = scaffold.apply(gemm, x, w, (jax.random.key(0), {}))
+        return jnp.sum(y * _cotangent(y.shape))  # fixed: not computed from y
+
+    return jax.jit(jax.value_and_grad(loss, (0, 1)))(x, w)
+
+
+@pytest.mark.parametrize(
+    "backends", [("native", "simulated", "simulated"), ("simulated", "native", "native")]
+)
+def test_fp8_gemms_run_natively_on_the_cpu_and_match_the_simulator(backends):
+    # XLA's FP8 dot runs on the CPU too, so per-tensor FP8 checks every GEMM of the native path
+    x, w = _xw()
+    sim = _value_and_grads(_fp8_recipe(), ("simulated",) * 3, x, w)
+    nat = _value_and_grads(_fp8_recipe(), backends, x, w)
+    pairs = list(zip(jax.tree.leaves(sim), jax.tree.leaves(nat), strict=True))
+    for a, b in pairs:
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(jnp.abs(a).max()))
+    assert any(not np.array_equal(a, b) for a, b in pairs)  # the native GEMMs really ran
+
+
+def test_backend_report_says_per_layer_and_gemm_where_it_ran():
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.up = nnx.Linear(64, 32, rngs=rngs)
+
+        def __call__(self, x):
+            return self.up(x)
+
+    model = Net(nnx.Rngs(0))
+    native.reset_announcements()
+    with pytest.warns(UserWarning, match="backend='auto'"):
+        fl.quantize_model(model, [fl.Rule(".*", _all_six(NV, name="nv-jax"))], backend="auto")
+        model(jnp.ones((4, 64)))
+    report = fl.backend_report(model)
+    assert report[["gemm", "backend", "kind"]].values.tolist() == [
+        [g, "simulated", "nvfp4"] for g in schema.GEMMS
+    ]
+    assert report["reason"].str.contains("needs a GPU with compute capability >= 10").all()
+    assert set(report["path"]) == {"up"} and set(report["recipe"]) == {"nv-jax"}
+
+
+@pytest.mark.slow  # a subprocess
+def test_native_gpu_benchmark_cpu_check_passes():
+    bench = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+    result = subprocess.run(
+        [sys.executable, "native_gpu.py", "--cpu-check"],
+        cwd=bench,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "parity within 1e-05: all ok" in result.stdout
+    assert result.stdout.count("| ok |") == 6  # 3 kinds x 2 shapes, every GEMM within 1e-5
