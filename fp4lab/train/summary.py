@@ -35,11 +35,25 @@ def tokens_to_target(loss: np.ndarray, target: float, window: int, tokens_per_st
 
 
 def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> dict[str, Any]:
-    """One seed's arrays -> the summary numbers of its row in the runs table."""
+    """One seed's arrays -> the summary numbers of its row in the runs table.
+
+    Two measurements of the trained weights: under the run's own recipe (final_loss,
+    loss_gap; tokens_to_target reads the training loss, which is under the recipe too) and
+    under a high-precision forward (eval_hp, loss_gap_hp). `measure` names the first one's
+    forward ("recipe"), so that a comparison across a late switch of precision can say which
+    it uses: part of a "recovery" after switching to BF16 is a change of measurement.
+
+    Args:
+      cfg: the run's Config. arrays: one seed's `train(keys)` output (host arrays).
+      task: the task (built from cfg when None).
+    Returns:
+      {name: number} for the runs table.
+    """
     task = task or make_task(cfg)
     loss = np.asarray(arrays["loss"], np.float64)
     tail = loss[-max(len(loss) // 10, 1) :]
     final = float(np.asarray(arrays["eval_loss"])) if "eval_loss" in arrays else np.mean(tail)
+    eval_hp = float(np.asarray(arrays["eval_hp"])) if "eval_hp" in arrays else math.nan
     target = target_of(cfg, task.floor)
     div_step = int(np.asarray(arrays["diverged_step"]))
     return {
@@ -48,6 +62,9 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
         "eval_loss": float(np.asarray(arrays["eval_loss"])) if "eval_loss" in arrays else math.nan,
         "loss_floor": task.floor,
         "loss_gap": final - task.floor,
+        "eval_hp": eval_hp,
+        "loss_gap_hp": eval_hp - task.floor,
+        "measure": "recipe",
         "diverged": div_step >= 0,
         "divergence_step": float(div_step) if div_step >= 0 else math.nan,
         "divergence_kind": DIVERGENCE_KINDS[int(np.asarray(arrays["divergence_kind"]))],

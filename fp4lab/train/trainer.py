@@ -20,7 +20,9 @@ after `growth_interval` finite steps. Divergence (the first non-finite loss, or 
 `stop_on_divergence` the run freezes there and later losses read NaN.
 
 `train(keys)` returns arrays: loss, grad_norm and loss_scale per step; eval_loss (held-out,
-quantized forward, at the end); diverged_step (-1: never) and divergence_kind (0 none,
+under the last phase's recipe, at the end) and eval_hp (the same weights and batches under a
+high-precision forward: no quantization, so a change of recipe at evaluation is not mistaken
+for a change of the weights); diverged_step (-1: never) and divergence_kind (0 none,
 1 non-finite, 2 spike); telemetry {metric: values at `log_steps(config)`}.
 `fp4lab.train.summary.summarize` turns one seed's arrays into the numbers of a results table.
 
@@ -250,9 +252,14 @@ def _run_phase(cfg: Config, task: Task, step, carry: Carry, p: int, start, stop,
 
 
 def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int) -> jax.Array:
-    """Mean held-out loss of `params` over `cfg.eval_batches` batches, under `rules`."""
+    """Mean held-out loss of `params` over `cfg.eval_batches` batches, under `rules`.
+
+    `rules=None` evaluates the plain model: the high-precision forward (the model's compute
+    dtype, `cfg.dtype`, without any quantization) of the same weights on the same batches.
+    """
     model = init_model(task, keys)
-    quantize_model(model, rules, key=jax.random.fold_in(keys["quant"], p))
+    if rules is not None:
+        quantize_model(model, rules, key=jax.random.fold_in(keys["quant"], p))
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
 
     def one(rest, i):
@@ -294,6 +301,7 @@ def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any
             result["eval_loss"] = _evaluate(
                 cfg, task, carry.params, phases[-1][2], keys, len(phases)
             )
+            result["eval_hp"] = _evaluate(cfg, task, carry.params, None, keys, len(phases))
         result["diverged_step"] = carry.divergence.step
         result["divergence_kind"] = carry.divergence.kind
         result["telemetry"] = (
