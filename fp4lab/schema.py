@@ -16,12 +16,16 @@ Metric keys are flat "/"-separated strings that map one to one onto tidy rows:
     grad/<layer>/<stat>                        a parameter gradient against the exact shadow
 
 `quant_key`, `grad_key` build them and `parse_key` reads them back. `check_choice` is the one
-validator every config class uses for its named fields.
+validator every config class uses for its named fields, `check_number` for its numeric ones
+(type, finiteness and range), and `did_you_mean` the "did you mean" hint both add to a misspelled
+name.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
+import numbers
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -43,6 +47,8 @@ __all__ = [
     "grad_key",
     "parse_key",
     "check_choice",
+    "check_number",
+    "did_you_mean",
 ]
 
 STREAMS = ("init", "data", "quant")
@@ -99,6 +105,60 @@ def parse_key(key: str) -> MetricKey | None:
 def check_choice(
     owner: str, field: str, value: Any, allowed, error: type[Exception] = ValueError
 ) -> None:
-    """Raises `error("<owner>.<field>=<value>; allowed: ...")` unless value is in `allowed`."""
-    if value not in allowed:
-        raise error(f"{owner}.{field}={value!r}; allowed: {', '.join(map(repr, allowed))}")
+    """Raises `error("<owner>.<field>=<value>; allowed: ...")` unless value is in `allowed`; a
+    misspelled string gets a "did you mean" hint."""
+    try:
+        ok = value in allowed
+    except TypeError:  # an unhashable value and a set of names
+        ok = False
+    if not ok:
+        hint = did_you_mean(value, allowed)
+        raise error(f"{owner}.{field}={value!r}; allowed: {', '.join(map(repr, allowed))}{hint}")
+
+
+def did_you_mean(name: Any, allowed) -> str:
+    """ "; did you mean 'x'?" for the closest string in `allowed` (difflib), else ""."""
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, [a for a in allowed if isinstance(a, str)], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_number(
+    owner: str,
+    field: str,
+    value: Any,
+    *,
+    integer: bool = False,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    optional: bool = False,
+    error: type[Exception] = ValueError,
+) -> None:
+    """Raises `error` naming `<owner>.<field>`, the value and what is allowed, unless `value` is
+    a number of the right kind (an int when `integer`; never a bool), finite, and inside the
+    interval from `low` to `high` (closed ends unless `low_open` / `high_open`). `optional`
+    admits None.
+    """
+    if value is None and optional:
+        return
+    kind = "an int" if integer else "a float"
+    bounds = []
+    if low is not None:
+        bounds.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        bounds.append(f"{'<' if high_open else '<='} {high:g}")
+    allowed = f"{kind}{' ' + ' and '.join(bounds) if bounds else ''}"
+    allowed += " or None" if optional else ""
+    wanted = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, wanted):
+        raise error(f"{owner}.{field}={value!r} ({type(value).__name__}); allowed: {allowed}")
+    bad = not math.isfinite(value)
+    if low is not None:
+        bad = bad or (value <= low if low_open else value < low)
+    if high is not None:
+        bad = bad or (value >= high if high_open else value > high)
+    if bad:
+        raise error(f"{owner}.{field}={value!r}; allowed: {allowed}")

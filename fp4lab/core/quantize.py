@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fp4lab.core import formats, hadamard, scaling
 from fp4lab.core.spec import QuantSpec
@@ -203,6 +204,9 @@ def quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"quantize needs a floating-point array, got {x.dtype}")
+    if x.size == 0:
+        raise ValueError(f"quantize got an empty array of shape {tuple(x.shape)}: nothing to scale")
+    _check_amax(amax)
     k_round, k_t = _split(key, spec, transform_key)
     if transform_key is None:
         transform_key = k_t
@@ -221,6 +225,20 @@ def quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
     else:
         scope = _scope_from(amax, xb, spec.outer)
     return xb, _scale(xb, scope, spec, fmt, k_round, amax_b), scope, transform_key
+
+
+def _check_amax(amax) -> None:
+    """A given (concrete) amax must be finite and > 0: a scale computed from 0, a negative or a
+    non-finite amax is meaningless. Traced values (under jit) are not checked here."""
+    if amax is None or isinstance(amax, jax.core.Tracer):
+        return
+    a = np.asarray(amax, np.float64)
+    if a.size == 0 or not np.all(np.isfinite(a) & (a > 0)):
+        shown = a.item() if a.size == 1 else f"array of shape {a.shape}"
+        raise ValueError(
+            f"amax={shown}; allowed: finite values > 0 (the amax of the outer scale's scope), "
+            "or None for current scaling"
+        )
 
 
 def grid_values(q: jax.Array, fmt: formats.ElementFormat) -> jax.Array:

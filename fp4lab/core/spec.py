@@ -30,6 +30,29 @@ _CONVENTIONS = ("te", "jax")
 _AMAX_ALGOS = ("max", "most_recent")
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_tile(tile):
+    """A tile as (ty, tx) of ints >= 1: an int n is (1, n); None stays None; anything else (a
+    string, floats, three numbers) raises naming the value."""
+    if tile is None:
+        return None
+    if _is_int(tile):
+        tile = (1, tile)
+    if (
+        not isinstance(tile, tuple | list)
+        or len(tile) != 2
+        or not all(_is_int(t) and t >= 1 for t in tile)
+    ):
+        raise ValueError(
+            f"QuantSpec.tile={tile!r}; allowed: an int n >= 1 (the tile (1, n)), a pair "
+            "(ty, tx) of ints >= 1, or None"
+        )
+    return tuple(tile)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantSpec:
     """How one tensor is quantized. Frozen and hashable: usable as a static jit argument."""
@@ -50,13 +73,15 @@ class QuantSpec:
 
     def __post_init__(self):
         formats.get_format(self.elem)  # raises with the allowed names
-        if isinstance(self.tile, int):
-            object.__setattr__(self, "tile", (1, self.tile))
-        if self.tile is not None:
-            tile = tuple(int(t) for t in self.tile)
-            if len(tile) != 2 or min(tile) < 1:
-                raise ValueError(f"QuantSpec.tile={self.tile!r}; allowed: (ty, tx) >= 1 or None")
-            object.__setattr__(self, "tile", tile)
+        object.__setattr__(self, "tile", _check_tile(self.tile))
+        for field in ("axis", "amax_history"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(
+                    f"QuantSpec.{field}={value!r} ({type(value).__name__}); allowed: an int"
+                )
+        if not isinstance(self.pad, bool):
+            raise ValueError(f"QuantSpec.pad={self.pad!r}; allowed: True or False")
         for field, allowed in [
             ("block_scale", _BLOCK_SCALES),
             ("outer", _OUTERS),

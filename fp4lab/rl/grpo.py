@@ -110,15 +110,11 @@ class GRPOConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        if self.task not in TASKS:
-            raise ValueError(f"{name}.task={self.task!r}; allowed: {', '.join(TASKS)}")
+        schema.check_choice(name, "task", self.task, TASKS)
         for field in ("prompt_len", "warmup_batch", "updates", "prompts", "spike_window"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}.{field}={value!r}; allowed: an int >= 1")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"{name}.warmup_steps={self.warmup_steps!r}; allowed: an int >= 0")
-        if not isinstance(self.group, int) or self.group < 2:
+            schema.check_number(name, field, getattr(self, field), integer=True, low=1)
+        schema.check_number(name, "warmup_steps", self.warmup_steps, integer=True, low=0)
+        if isinstance(self.group, bool) or not isinstance(self.group, int) or self.group < 2:
             raise ValueError(
                 f"{name}.group={self.group!r}; allowed: an int >= 2 (advantages are "
                 "normalised within a group)"
@@ -135,20 +131,14 @@ class GRPOConfig:
                 f"{name}.model.max_len={self.model.max_len}; allowed: >= {self.seq_len - 1} "
                 f"(prompt_len + 1 + answer length - 1)"
             )
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(
-                f"{name}.optimizer={self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}"
-            )
-        for field in ("warmup_lr", "lr", "clip_eps", "spike_factor"):
-            value = getattr(self, field)
-            if not value > 0:
-                raise ValueError(f"{name}.{field}={value!r}; allowed: a float > 0")
-        for field in ("max_grad_norm", "tis_cap"):
-            value = getattr(self, field)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name}.{field}={value!r}; allowed: None or a float > 0")
-        if self.tis_cap is not None and self.tis_cap < 1.0:
-            raise ValueError(f"{name}.tis_cap={self.tis_cap!r}; allowed: None or a float >= 1")
+        schema.check_choice(name, "optimizer", self.optimizer, OPTIMIZERS)
+        for field in ("warmup_lr", "lr", "clip_eps"):
+            schema.check_number(name, field, getattr(self, field), low=0, low_open=True)
+        schema.check_number(name, "spike_factor", self.spike_factor, low=1, low_open=True)
+        schema.check_number(
+            name, "max_grad_norm", self.max_grad_norm, low=0, low_open=True, optional=True
+        )
+        schema.check_number(name, "tis_cap", self.tis_cap, low=1, optional=True)
         for field in ("sampler_recipe", "trainer_recipe"):
             C.check_recipe(name, field, getattr(self, field))
         for field in ("sampler_rules", "trainer_rules"):

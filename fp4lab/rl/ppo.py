@@ -86,12 +86,9 @@ class PPOConfig:
 
     def __post_init__(self):
         name = type(self).__name__
-        if self.env not in ENVS:
-            raise ValueError(f"{name}.env={self.env!r}; allowed: {', '.join(ENVS)}")
+        schema.check_choice(name, "env", self.env, ENVS)
         for field in ("total_steps", "num_envs", "num_steps", "update_epochs", "num_minibatches"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}.{field}={value!r}; allowed: an int >= 1")
+            schema.check_number(name, field, getattr(self, field), integer=True, low=1)
         batch = self.num_envs * self.num_steps
         if batch % self.num_minibatches:
             raise ValueError(
@@ -104,17 +101,13 @@ class PPOConfig:
                 f"{batch} (one update)"
             )
         for field in ("gamma", "gae_lambda"):
-            value = getattr(self, field)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name}.{field}={value!r}; allowed: a float in [0, 1]")
+            schema.check_number(name, field, getattr(self, field), low=0, high=1)
         for field in ("clip_eps", "max_grad_norm", "lr"):
-            value = getattr(self, field)
-            if not value > 0:
-                raise ValueError(f"{name}.{field}={value!r}; allowed: a float > 0")
+            schema.check_number(name, field, getattr(self, field), low=0, low_open=True)
         for field in ("ent_coef", "vf_coef"):
-            value = getattr(self, field)
-            if not value >= 0:
-                raise ValueError(f"{name}.{field}={value!r}; allowed: a float >= 0")
+            schema.check_number(name, field, getattr(self, field), low=0)
+        if not isinstance(self.anneal_lr, bool):
+            raise ValueError(f"{name}.anneal_lr={self.anneal_lr!r}; allowed: True or False")
         hidden = tuple(self.hidden)
         if not hidden or any(not isinstance(w, int) or w < 1 for w in hidden):
             raise ValueError(f"{name}.hidden={self.hidden!r}; allowed: a tuple of ints >= 1")
@@ -123,8 +116,7 @@ class PPOConfig:
         C.check_rules(name, "rules", self.rules)
         schema.check_choice(name, "backend", self.backend, schema.BACKENDS)
         limit = self.max_episode_steps
-        if limit is not None and (not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"{name}.max_episode_steps={limit!r}; allowed: None or an int >= 1")
+        schema.check_number(name, "max_episode_steps", limit, integer=True, low=1, optional=True)
 
     @property
     def num_updates(self) -> int:

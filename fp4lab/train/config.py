@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 from typing import Any
 
@@ -38,6 +37,48 @@ SCHEDULES = ("constant", "cosine", "linear")
 LOSS_SCALING = ("none", "static", "dynamic")
 DTYPES = ("float32", "bfloat16", "float16")
 _PHASE_KEYS = ("recipe", "gemms", "backward", "rules")
+
+_INT_1 = {"integer": True, "low": 1}
+_INT_0 = {"integer": True, "low": 0}
+_POSITIVE = {"low": 0, "low_open": True}
+_UNIT = {"low": 0, "high": 1, "high_open": True}  # [0, 1)
+# the range of every numeric field; Config() checks each with schema.check_number
+_NUMBERS: dict[str, dict[str, Any]] = {
+    "task_seed": _INT_0,
+    "vocab": _INT_1,
+    "branching": _INT_1,
+    "alpha": _POSITIVE,
+    "din": _INT_1,
+    "dout": _INT_1,
+    "outlier_channels": _INT_0,
+    "outlier_scale": _POSITIVE,
+    "d_model": _INT_1,
+    "n_layers": _INT_1,
+    "n_heads": _INT_1,
+    "d_ff": _INT_1,
+    "seq_len": _INT_1,
+    "steps": _INT_1,
+    "batch_size": _INT_1,
+    "lr": _POSITIVE,
+    "weight_decay": {"low": 0},
+    "b1": _UNIT,
+    "b2": _UNIT,
+    "eps": _POSITIVE,
+    "momentum": _UNIT,
+    "warmup": _INT_0,
+    "min_lr_ratio": {"low": 0, "high": 1},
+    "clip_norm": {"low": 0},
+    "loss_scale": _POSITIVE,
+    "growth_interval": _INT_1,
+    "telemetry_every": _INT_0,
+    "eval_batches": _INT_0,
+    "spike_factor": {"low": 1, "low_open": True},
+    "spike_window": _INT_1,
+    "target_loss": {**_POSITIVE, "optional": True},
+    "target_gap": {**_POSITIVE, "optional": True},
+    "target_window": _INT_1,
+    "seed_batch": _INT_1,
+}
 
 
 class ConfigError(ValueError):
@@ -115,22 +156,24 @@ class Config:
         _choice("loss_scaling", self.loss_scaling, LOSS_SCALING)
         _choice("dtype", self.dtype, DTYPES)
         _choice("backend", self.backend, BACKENDS)
-        positive = ("vocab", "branching", "din", "dout", "d_model", "n_layers", "n_heads")
-        positive += ("d_ff", "seq_len", "steps", "batch_size", "target_window", "seed_batch")
-        positive += ("spike_window", "growth_interval")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"Config.{name}={getattr(self, name)!r}; must be >= 1")
-        for name in ("warmup", "telemetry_every", "outlier_channels", "eval_batches"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"Config.{name}={getattr(self, name)!r}; must be >= 0")
-        for name in ("lr", "loss_scale", "spike_factor", "outlier_scale", "alpha"):
-            if not getattr(self, name) > 0 or not math.isfinite(getattr(self, name)):
-                raise ConfigError(f"Config.{name}={getattr(self, name)!r}; must be finite and > 0")
+        for name, rule in _NUMBERS.items():
+            schema.check_number("Config", name, getattr(self, name), error=ConfigError, **rule)
+        for name in ("hidden", "teacher_hidden"):
+            widths = getattr(self, name)
+            if not widths or any(
+                isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths
+            ):
+                raise ConfigError(f"Config.{name}={widths!r}; allowed: a tuple of ints >= 1")
         if self.order not in (1, 2):
             raise ConfigError(f"Config.order={self.order!r}; allowed: 1, 2")
         if self.task == "text" and not self.text_path:
             raise ConfigError("Config.text_path is empty; the text task needs a file")
+        if self.task == "markov" and self.branching > self.vocab:
+            raise ConfigError(f"Config.branching={self.branching} > vocab={self.vocab}")
+        if self.task != "teacher" and self.d_model % self.n_heads:
+            raise ConfigError(
+                f"Config.n_heads={self.n_heads}; allowed: a divisor of d_model={self.d_model}"
+            )
         if self.outlier_channels > self.din:
             raise ConfigError(f"Config.outlier_channels={self.outlier_channels} > din={self.din}")
         if self.shadow and not self.telemetry_every:
@@ -215,7 +258,8 @@ def make(overrides: dict[str, Any] | None = None, base: Config | None = None) ->
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(fields()))
     if unknown:
-        raise ConfigError(f"unknown config fields {unknown}; allowed: {', '.join(fields())}")
+        hints = "".join(schema.did_you_mean(u, fields()) for u in unknown)
+        raise ConfigError(f"unknown config fields {unknown}; allowed: {', '.join(fields())}{hints}")
     base = base or Config()
     return dataclasses.replace(base, **overrides)
 
