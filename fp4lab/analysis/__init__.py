@@ -1,14 +1,18 @@
 """Analysis of results: pandas, matplotlib and seaborn only; depends on `fp4lab.schema` alone.
 
 frames      the runs and metrics tables; to_frame and the parsing of telemetry keys
-intervals   Wilson and bootstrap intervals
+intervals   Wilson, t and BCa intervals
+crossed     crossed seed streams as random effects: mean squares, generalized intervals
+components  variance components of the seed streams per cell (variance_components)
+verdicts    the verdict table: precision choices against the seed streams' spread
 tables      per-cell tables: divergence rate, loss gap, paired differences, tokens to target
-factors     which factors matter: variance shares and the verdict table
+factors     shares of variance of a main-effects model of the design factors
 plots       figures (imported on first use: `fp4lab.analysis.plots`)
 report      the HTML report of a results folder (`fp4lab.analysis.report`)
 """
 
-from fp4lab.analysis.factors import design_factors, seed_factors, variance_decomposition, verdict
+from fp4lab.analysis.components import variance_components
+from fp4lab.analysis.factors import design_factors, seed_factors, variance_decomposition
 from fp4lab.analysis.frames import (
     IDENTITY,
     SEEDS,
@@ -26,6 +30,7 @@ from fp4lab.analysis.intervals import (
     bootstrap_ci,
     percentile_interval,
     ratio_ci,
+    t_interval,
     wilson_interval,
 )
 from fp4lab.analysis.tables import (
@@ -36,6 +41,7 @@ from fp4lab.analysis.tables import (
     paired_difference,
     tokens_to_target,
 )
+from fp4lab.analysis.verdicts import verdict
 
 __all__ = [
     "BASELINE_RECIPES",
@@ -58,8 +64,10 @@ __all__ = [
     "ratio_ci",
     "scalar_metric",
     "seed_factors",
+    "t_interval",
     "tokens_to_target",
     "to_frame",
+    "variance_components",
     "variance_decomposition",
     "verdict",
     "wilson_interval",

@@ -1,6 +1,12 @@
-"""Which factors of a sweep matter: variance shares with intervals, and a verdict table.
+"""Which design factors of a sweep matter: shares of variance of a main-effects model.
 
 a factor's share of variance           omega^2 of a main-effects model, wild bootstrap
+
+This model treats every factor as fixed and pools interactions into the residual: right for
+design factors swept on independent seeds, wrong for crossed seed streams (a quant seed is
+different noise under every init and data seed, so its effect is an interaction). Seed streams
+go to `fp4lab.analysis.components.variance_components`, and the verdict on a sweep is
+`fp4lab.analysis.verdicts.verdict`.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import pandas as pd
 from fp4lab.analysis.frames import IDENTITY, SEEDS, SUMMARIES, ok_runs
 from fp4lab.analysis.intervals import percentile_interval
 
-__all__ = ["design_factors", "seed_factors", "variance_decomposition", "verdict"]
+__all__ = ["design_factors", "seed_factors", "variance_decomposition"]
 
 NAN = float("nan")
 
@@ -68,7 +74,8 @@ def variance_decomposition(
     with Rademacher v, leverage h: it keeps the design exactly and allows each run its own noise
     variance (FP4 recipes are noisier than BF16). Percentile interval of each statistic.
 
-    Assumptions: runs are independent; interactions (recipe x lr, recipe x seed, ...) are
+    Assumptions: runs are independent (not so for crossed seed streams: see the module
+    docstring); interactions (recipe x lr, recipe x seed, ...) are
     pooled into the residual; factors not listed are pooled too. Factors that always move
     together cannot be told apart: identical partitions of the runs (seed triples (i, i, i))
     become one row, "seed_init = seed_data = seed_quant"; a factor nested in another (recipe
@@ -178,68 +185,3 @@ def _alias_classes(codes: dict[str, np.ndarray]) -> dict[str, list[str]]:
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return _determines(a, b) and _determines(b, a)
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
-def verdict(
-    frame: pd.DataFrame,
-    outcome: str = "loss_gap",
-    factors: Sequence[str] | None = None,
-    *,
-    min_seeds: int = 3,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """One table saying which factors of a sweep matter for an outcome, with the numbers.
-
-    Runs `variance_decomposition` and reads each factor's share interval, claiming no more than
-    the seeds allow. In order, a factor is
-
-        "not varied"        it has one level in the data
-        "confounded with X" its levels are fixed by another factor's (no separate estimate)
-        "too few seeds"     fewer than `min_seeds` seed triples in some design cell, or fewer
-                            than 2 residual degrees of freedom: no honest noise estimate
-        "matters"           the lower end of its share interval is above 0
-        "no evidence"       otherwise: the data are consistent with no effect (which is not
-                            evidence of no effect: more seeds narrow the interval)
-
-    Args:
-      frame: the runs table. outcome, factors, n_boot, level, seed: as in
-        `variance_decomposition`. min_seeds: fewest seed triples per design cell to judge.
-    Returns:
-      DataFrame: factor, verdict, share, share_lo, share_hi, effect, effect_lo, effect_hi,
-      levels, df, n, seeds, evidence (the numbers in words). Last row: the residual.
-    """
-    vd = variance_decomposition(frame, outcome, factors, n_boot=n_boot, level=level, seed=seed)
-    a = vd.attrs
-    verdicts, evidence = [], []
-    for r in vd.itertuples():
-        numbers = f"share {_pct(r.share)} [{_pct(r.share_lo)}, {_pct(r.share_hi)}]"
-        if r.factor == "residual":
-            verdicts.append("(residual)")
-            evidence.append(f"{numbers}: noise, interactions and unlisted factors")
-        elif r.levels < 2:
-            verdicts.append("not varied")
-            evidence.append("one level in the data")
-        elif r.df == 0:
-            verdicts.append(f"confounded with {r.confounded_with}".strip())
-            evidence.append("its levels are fixed by other factors")
-        elif a["seeds"] < min_seeds or a["df_res"] < 2:
-            verdicts.append("too few seeds")
-            evidence.append(f"{a['seeds']} seed triple(s) per cell, {min_seeds} needed")
-        elif a["sst"] == 0:
-            verdicts.append("no evidence")
-            evidence.append(f"{outcome} is the same in every run")
-        else:
-            verdicts.append("matters" if r.share_lo > 0 else "no evidence")
-            spread = f"levels span {r.effect:.3g} [{r.effect_lo:.3g}, {r.effect_hi:.3g}]"
-            evidence.append(f"{numbers}; {spread}")
-    cols = ["factor", "share", "share_lo", "share_hi", "effect", "effect_lo", "effect_hi"]
-    out = vd[cols + ["levels", "df"]].assign(n=a["n"], seeds=a["seeds"], evidence=evidence)
-    out.insert(1, "verdict", verdicts)
-    out.attrs = dict(a)
-    return out

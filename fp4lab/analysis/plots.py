@@ -444,7 +444,7 @@ def _figures(runs: pd.DataFrame, metrics: pd.DataFrame) -> Iterator[tuple[str, F
         fig = ladder(rates, "rate", label="label", percent=True, title=title, xlabel=xlabel)
         yield "divergence_rate", fig
     if known("loss_gap"):
-        title = "final loss - floor (mean over seeds, bootstrap 95%)"
+        title = "final loss - floor (mean over seeds, seeds as random effects, 95%)"
         gaps = _labelled(tables.loss_gap(runs), "nonfinite", "non-finite")
         yield "loss_gap", ladder(gaps, "gap", label="label", title=title, xlabel="loss gap")
     if known("target_loss"):
@@ -461,9 +461,10 @@ def _figures(runs: pd.DataFrame, metrics: pd.DataFrame) -> Iterator[tuple[str, F
     outcome = "loss_gap" if known("loss_gap") else "final_loss"
     swept = factors.design_factors(ok)
     if swept and np.isfinite(ok[outcome].astype(np.float64)).sum() >= 2:
-        shares = factors.variance_decomposition(runs, outcome, swept + factors.seed_factors(ok))
+        # design factors only: seed streams are random effects (analysis.variance_components)
+        shares = factors.variance_decomposition(runs, outcome, swept)
         if shares.attrs["df_res"] > 0:
-            title = f"share of the variance of {outcome} (ω², wild bootstrap 95%)"
+            title = f"share of the variance of {outcome} by design factor (ω², 95%)"
             fig = ladder(shares, "share", label="factor", percent=True, title=title)
             yield f"variance_{outcome}", fig
     quant = {n.split("/")[-1] for n in names if n.startswith("quant/")}

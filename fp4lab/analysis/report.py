@@ -5,9 +5,10 @@
 base64 PNG in an <img> tag, no scripts, fonts or links to fetch. Its sections:
 
     Runs          what was run: experiments, cells, seeds, failures
-    Cells         per cell: divergence rate (Wilson), loss gap and tokens to target (bootstrap
-                  over seeds), overhead against the baseline recipe
-    What matters  `analysis.verdict` for the loss gap (and divergence, when some runs diverged)
+    Cells         per cell: divergence rate (Wilson), loss gap (seeds as random effects),
+                  tokens to target (BCa bootstrap), overhead against the baseline recipe
+    What matters  `analysis.verdict` (cells against the seed streams) for the loss gap (and
+                  divergence, when some runs diverged)
     Tables        the experiment's own tables: every `<name>.csv` at the top of the results
                   folder (what the experiment file's `analyze(results)` wrote), read as data
     Figures       `plots.iter_figures`, the same set `plots.standard_figures` writes
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fp4lab.analysis import factors, frames, plots, tables
+from fp4lab.analysis import frames, plots, tables, verdicts
 
 _CSS = """
 body { font: 15px/1.5 system-ui, sans-serif; max-width: 1150px; margin: 2em auto; padding: 0 1em;
@@ -43,13 +44,17 @@ _METHODS = [
     "Only runs with status “ok” give outcomes; failed runs are counted in every table.",
     "Divergence rate: diverged / n with a Wilson score interval.",
     "Loss gap: final loss − the task's exact optimum, mean over seeds; runs with a non-finite "
-    "loss are counted, not averaged; percentile bootstrap over seeds (2000 resamples, seeded).",
+    "loss are counted, not averaged; seeds are random effects: a t-interval over seed triples "
+    "(i, i, i), a generalized interval over each stream's levels when the streams are crossed; "
+    "no interval below 3 levels.",
     "Tokens to target: median over seeds, a run that never reaches the target counts as "
     "infinitely many tokens (so “never” when more than half never reach); overhead = ratio to "
-    "the baseline − 1, the cell and its baseline resampled independently.",
-    "What matters: ω² share of variance of each factor in a main-effects least-squares model "
-    "(type II sums of squares), interval by wild bootstrap; “matters” only when the interval's "
-    "lower end is above 0, “too few seeds” below 3 seed triples per design cell.",
+    "the baseline − 1, the cell and its baseline resampled independently; BCa bootstrap "
+    "(percentile where some runs never reach).",
+    "What matters: cells as fixed effects (each pair, paired on the seeds they share), seed "
+    "streams as crossed random effects (the SD each induces, its interactions included), "
+    "generalized confidence intervals from the mean squares; Bonferroni over all rows; "
+    "“too few seeds” below 3 levels of a stream.",
 ]
 
 
@@ -105,35 +110,35 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _verdict_html(runs: pd.DataFrame, outcome: str) -> str:
-    try:
-        table = factors.verdict(runs, outcome)
-    except ValueError as err:  # fewer than two usable runs
-        return f"<p class='note'>{html.escape(str(err))}</p>"
-    if len(table) <= 1:
-        return "<p class='note'>No factor varies in this sweep.</p>"
+    table = verdicts.verdict(runs, outcome)
+    if not len(table):
+        return "<p class='note'>No cell or seed stream varies in this sweep.</p>"
     shown = pd.DataFrame(
         {
             "factor": table["factor"],
+            "kind": table["kind"],
+            "term": table["term"],
             "verdict": table["verdict"],
-            "share of variance": [
+            "effect (difference, or SD a stream induces)": [
+                _ci(e, lo, hi)
+                for e, lo, hi in table[["effect", "lo", "hi"]].itertuples(index=False)
+            ],
+            "share of seed variance": [
                 _ci(s, lo, hi, "{:.1%}")
                 for s, lo, hi in table[["share", "share_lo", "share_hi"]].itertuples(index=False)
             ],
-            "level means span": [
-                _ci(e, lo, hi)
-                for e, lo, hi in table[["effect", "effect_lo", "effect_hi"]].itertuples(index=False)
-            ],
+            "in seed SDs": [_ci(x, np.nan, np.nan, "{:.2g}") for x in table["in_seed_sd"]],
             "levels": table["levels"],
-            "df": table["df"],
         }
     )
     a = table.attrs
     note = (
-        f"{a['n']} runs with a finite {outcome} ({a['excluded']} without, {a['failed']} failed), "
-        f"at least {a['seeds']} seed triple(s) per design cell."
+        f"{a['comparisons']} comparisons; {a['correction']} intervals at "
+        f"{a['row_level']:.4f} each, {a['level']:.0%} together; seeds as crossed random effects."
     )
     body = shown.to_html(index=False, border=0)
-    body = body.replace("<td>matters</td>", "<td class='matters'>matters</td>")
+    for word in ("matters", "higher", "lower"):
+        body = body.replace(f"<td>{word}</td>", f"<td class='matters'>{word}</td>")
     return f"<p class='note'>{html.escape(note)}</p>\n{body}"
 
 

@@ -1,11 +1,14 @@
 """Per-cell tables of a sweep: divergence, loss gaps, paired differences, tokens to target.
 
 Reads only the results store's two tables (`fp4lab.analysis.frames`), never the training code.
-Every estimate comes with an interval (`fp4lab.analysis.intervals`):
+Every estimate comes with an interval:
 
     proportions (divergence rate)          Wilson score interval
-    a statistic over seeds (gap, tokens)   percentile bootstrap over runs, seeded
-    a difference between two cells         the same, over pairs of runs with the same seeds
+    a mean over seeds (loss gap)           seeds as crossed random effects (`crossed`): t for
+                                           seed triples (i, i, i), generalized when crossed
+    a difference between two cells         the same, over the seeds the two cells share
+    a median over seeds (tokens)           BCa bootstrap over runs (percentile with inf),
+                                           seeded; runs assumed independent (seed triples)
 
 Only runs with status "ok" give outcomes; every table counts the others. A run that never
 reaches the target counts as needing infinitely many tokens: it is never silently dropped.
@@ -19,9 +22,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fp4lab.analysis import crossed
 from fp4lab.analysis.factors import design_factors
-from fp4lab.analysis.frames import SEEDS, ok_runs
+from fp4lab.analysis.frames import ok_runs
 from fp4lab.analysis.intervals import Interval, Stat, bootstrap_ci, ratio_ci, wilson_interval
+from fp4lab.schema import STREAMS
 
 __all__ = [
     "BASELINE_RECIPES",
@@ -73,34 +78,45 @@ def loss_gap(
     by: Sequence[str] = ("cell",),
     *,
     outcome: str = "loss_gap",
-    stat: Stat = np.mean,
-    n_boot: int = 2000,
+    streams: Sequence[str] = STREAMS,
     level: float = 0.95,
+    draws: int = 4000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Gap of the final loss to the task's optimum per group, with a bootstrap interval over seeds.
+    """Gap of the final loss to the task's optimum per group, with an interval over seeds.
 
-        gap = stat over seeds of (final_loss - loss_floor)
+        gap = mean over the group's runs of (final_loss - loss_floor)
 
     The floor is exact for the synthetic tasks (e.g. a Markov source's entropy rate), so a gap
     of 0 means the task is solved. Runs with a non-finite outcome (a diverged run's NaN loss)
     cannot enter a mean: they are counted in `nonfinite`, and the interval is over the rest.
+    Interval: the seeds are random effects (`crossed.mean_interval`): a t-interval when the
+    streams move together (seed triples (i, i, i)), a generalized interval over the levels of
+    each stream when they are crossed, a pigeonhole bootstrap when some runs are missing.
+    Fewer than 3 levels of a stream: no interval, `method` says so.
 
     Args:
-      outcome: the column summarised ("loss_gap"; "final_loss" when no floor is known).
-      stat, n_boot, level, seed: as in `bootstrap_ci`.
+      by: grouping columns. outcome: the column summarised ("loss_gap"; "final_loss" when no
+        floor is known; "loss_gap_hp" for the high-precision measurement).
+      streams: the seed streams. level: coverage. draws, seed: Monte Carlo size and seed.
     Returns:
-      DataFrame with the `by` columns and n, failed, nonfinite, floor, gap, gap_lo, gap_hi.
+      DataFrame with the `by` columns and n, failed, nonfinite, floor, gap, gap_lo, gap_hi,
+      levels (fewest seed levels of a varying stream), method.
     """
     rows = []
     for key, g in _groups(runs, by):
         ok = ok_runs(g)
         y = ok[outcome].to_numpy(np.float64)
-        ci = bootstrap_ci(y[np.isfinite(y)], stat, n_boot=n_boot, level=level, seed=seed)
+        finite = crossed.finite_runs(g, outcome)
+        lay = crossed.layout(finite, tuple(streams))
+        ci = crossed.mean_interval(
+            finite[outcome].to_numpy(np.float64), lay, level=level, draws=draws, seed=seed
+        )
         rows.append(
             key
             | dict(n=len(ok), failed=len(g) - len(ok), nonfinite=int((~np.isfinite(y)).sum()))
             | dict(floor=ok["loss_floor"].median(), gap=ci.estimate, gap_lo=ci.lo, gap_hi=ci.hi)
+            | dict(levels=min(lay.levels, default=1), method=ci.method)
         )
     return pd.DataFrame(rows)
 
@@ -111,50 +127,52 @@ def paired_difference(
     *,
     outcome: str = "loss_gap",
     by: str = "cell",
-    stat: Stat = np.mean,
-    n_boot: int = 2000,
+    streams: Sequence[str] = STREAMS,
     level: float = 0.95,
+    draws: int = 4000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Each group's outcome minus the baseline group's, paired on the seed triple.
+    """Each group's mean outcome minus the baseline group's, paired on the seeds they share.
 
-        diff_s = outcome(group, seeds s) - outcome(baseline, seeds s),   s in the shared triples
+        diff = mean over shared seeds s of (outcome(group, s) - outcome(baseline, s))
 
-    Cells of a sweep usually share their seed triples (same init, data and quant seeds), so the
-    seed-to-seed spread that both cells feel cancels in the difference, and the interval of
-    stat(diff) (percentile bootstrap over the pairs) is much tighter than two per-cell intervals
-    side by side. Only the pairs where both runs finished with a finite outcome enter.
+    Cells of a sweep usually share their seeds, so the seed-to-seed spread that both cells
+    feel cancels in the difference, and its interval is much tighter than two per-cell
+    intervals side by side. Pairing and interval: `crossed.paired_layout` (streams with the
+    same levels in both cells; each cell averaged over its other streams) and
+    `crossed.mean_interval` over the levels of each paired stream (seeds as random effects;
+    the t-interval for seed triples (i, i, i)). Only runs with a finite outcome enter. One
+    interval per row at `level`: for a family-wise statement use `verdicts.verdict`.
 
     Args:
       baseline: the value of `by` (a cell label) that every group is compared with.
-      outcome: the column compared. by: the grouping column.
-      stat, n_boot, level, seed: as in `bootstrap_ci`.
+      outcome: the column compared. by: the grouping column. streams: the seed streams.
+      level: coverage. draws, seed: Monte Carlo size and seed.
     Returns:
       DataFrame with `by`, pairs, diff, diff_lo, diff_hi, and `verdict`: "higher" or "lower"
       when the interval excludes 0, "no evidence" when it contains 0 (an effect may still be
-      there), "baseline" for the baseline itself.
+      there), "too few seeds" (fewer than 3 levels of a paired stream, or nothing to pair
+      on), "baseline" for the baseline itself.
     """
-    ok = ok_runs(runs)
-    ok = ok[np.isfinite(ok[outcome].to_numpy(np.float64))]
-    if baseline not in set(runs[by]):
-        raise ValueError(f"paired_difference: no {by} {baseline!r}; have {list(runs[by].unique())}")
-    base = ok[ok[by] == baseline].set_index(list(SEEDS))[outcome]
-    if base.index.has_duplicates:
-        raise ValueError(f"paired_difference: {baseline!r} has repeated seed triples")
+    groups = {key[by]: g for key, g in _groups(runs, (by,))}
+    if baseline not in groups:
+        raise ValueError(f"paired_difference: no {by} {baseline!r}; have {list(groups)}")
     rows = []
-    for key, g in _groups(runs, (by,)):
-        y = ok.loc[ok.index.intersection(g.index)].set_index(list(SEEDS))[outcome]
-        shared = y.index.intersection(base.index)
-        d = (y.loc[shared] - base.loc[shared]).to_numpy(np.float64)
-        ci = bootstrap_ci(d, stat, n_boot=n_boot, level=level, seed=seed)
-        if key[by] == baseline:
+    for name, g in groups.items():
+        d, lay = crossed.paired_layout(groups[baseline], g, outcome, streams)
+        if d is None:
+            rows.append({by: name} | dict(pairs=0, diff=NAN, diff_lo=NAN, diff_hi=NAN))
+            rows[-1]["verdict"] = "too few seeds"
+            continue
+        ci = crossed.mean_interval(d, lay, level=level, draws=draws, seed=seed)
+        if name == baseline:
             verdict = "baseline"
         elif not (np.isfinite(ci.lo) and np.isfinite(ci.hi)):
-            verdict = "too few pairs"
+            verdict = "too few seeds"
         else:
             verdict = "higher" if ci.lo > 0 else "lower" if ci.hi < 0 else "no evidence"
         rows.append(
-            key
+            {by: name}
             | dict(pairs=len(d), diff=ci.estimate, diff_lo=ci.lo, diff_hi=ci.hi, verdict=verdict)
         )
     return pd.DataFrame(rows)

@@ -212,4 +212,7 @@ def test_report_of_a_bare_sweep(tmp_path):
     assert path == tmp_path / "bare.html"
     page = path.read_text(encoding="utf-8")
     assert page.count("<img") == 1 and "tokens to target" not in page
-    assert "<td>too few seeds</td>" in page  # three runs: no residual degrees of freedom
+    # three seed triples (i, i, i): one seed factor with 3 levels, judged
+    assert "<td>init=data=quant</td>" in page and "too few seeds" not in page.split("Methods")[0]
+    two = report.write_report(Results(runs.iloc[:2], plain.metrics.iloc[:0]), tmp_path / "2.html")
+    assert "<td>too few seeds</td>" in two.read_text(encoding="utf-8")  # 2 levels: no interval

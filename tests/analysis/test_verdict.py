@@ -1,0 +1,110 @@
+"""The verdict: planted effects found, null streams not, too few seeds refused, one family."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fp4lab import analysis
+
+
+def cell(name, levels=(5, 5, 5), offset=0.0, sd=None, rng=0, interaction=None):
+    """One cell of a crossed design: independent normal terms per component (see sd order:
+    init, data, quant, init:data, init:quant, data:quant, residual); `interaction` adds a
+    planted init x quant table."""
+    sd = sd or (0.01, 0.01, 0.0, 0.005, 0.0, 0.0, 0.005)
+    gen = np.random.default_rng(rng)
+    a, b, c = levels
+    i, j, k = (x.ravel() for x in np.meshgrid(range(a), range(b), range(c), indexing="ij"))
+    terms = [
+        gen.normal(size=a)[i],
+        gen.normal(size=b)[j],
+        gen.normal(size=c)[k],
+        gen.normal(size=(a, b))[i, j],
+        gen.normal(size=(a, c))[i, k],
+        gen.normal(size=(b, c))[j, k],
+        gen.normal(size=a * b * c),
+    ]
+    y = offset + sum(s * t for s, t in zip(sd, terms, strict=True))
+    if interaction is not None:
+        y = y + interaction * gen.normal(size=(a, c))[i, k]
+    return pd.DataFrame(
+        dict(run_id=[f"{name}{n}" for n in range(len(y))], cell=name, status="ok", loss_gap=y)
+        | dict(seed_init=i, seed_data=j, seed_quant=k)
+    )
+
+
+def test_verdict_has_the_columns_and_counts_the_family():
+    runs = pd.concat([cell("a"), cell("b", offset=0.05, rng=1)])
+    v = analysis.verdict(runs, "loss_gap")
+    for column in ("factor", "kind", "term", "verdict", "effect", "lo", "hi", "share", "levels"):
+        assert column in v.columns
+    assert v.attrs["correction"] == "Bonferroni"
+    # one contrast and two judged streams per cell (quant has no effect but 5 levels: judged)
+    assert v.attrs["comparisons"] == 1 + 2 * 3
+    assert v.attrs["row_level"] == pytest.approx(1 - 0.05 / 7)
+    fixed = v[v.kind == "fixed"].iloc[0]
+    assert fixed["term"] == "b - a" and fixed["verdict"] == "higher"
+    assert fixed["lo"] < 0.05 < fixed["hi"]
+    assert fixed["in_seed_sd"] > 1  # the precision effect dwarfs the seed spread
+    assert v.equals(analysis.verdict(runs, "loss_gap"))  # seeded: same call, same table
+
+
+def test_quant_effect_that_lives_only_in_an_interaction_is_found():
+    runs = cell("nvfp4", interaction=0.01, rng=2)
+    v = analysis.verdict(runs).set_index("factor")
+    assert v.loc["quant", "verdict"] == "matters" and v.loc["quant", "lo"] > 0
+    comps = analysis.variance_components(runs).set_index("component")
+    assert comps.loc["init:quant", "lo"] > 0  # the interaction carries it ...
+    assert comps.loc["quant", "share"] < 0.05  # ... not the quant main effect
+
+
+def test_null_stream_gets_no_evidence_with_an_interval_containing_zero():
+    # runs are deterministic functions of their seeds: a stream without effect changes nothing
+    runs = cell("bf16", sd=(0.01, 0.01, 0.0, 0.005, 0.0, 0.0, 0.0), rng=3)
+    v = analysis.verdict(runs).set_index("factor")
+    quant = v.loc["quant"]
+    assert quant["verdict"] == "no evidence" and quant["lo"] <= 0 <= quant["hi"]
+    assert "no effect at all" in quant["evidence"]
+    assert v.loc["init", "verdict"] == v.loc["data", "verdict"] == "matters"
+
+
+def test_null_cell_effect_is_no_evidence_and_says_what_could_be_missed():
+    runs = pd.concat([cell("a", rng=4), cell("b", rng=5)])
+    row = analysis.verdict(runs).query("kind == 'fixed'").iloc[0]
+    assert row["verdict"] == "no evidence" and row["lo"] < 0 < row["hi"]
+    assert f"{max(-row['lo'], row['hi']):.3g} could be missed" in row["evidence"]
+
+
+def test_fewer_than_three_levels_is_too_few_seeds_never_a_share():
+    runs = pd.concat([cell("a", levels=(2, 5, 5)), cell("b", levels=(2, 5, 5), rng=1)])
+    v = analysis.verdict(runs)
+    rows = v[v.kind == "random"]
+    assert set(rows["verdict"]) == {"too few seeds"} and rows["share"].isna().all()
+    fixed = v[v.kind == "fixed"].iloc[0]
+    assert fixed["verdict"] == "too few seeds" and math.isnan(fixed["lo"])
+    assert v.attrs["comparisons"] == 0
+
+
+def test_one_quant_seed_is_not_varied_and_cells_pair_on_what_they_share():
+    bf16 = cell("bf16", rng=6)
+    bf16 = bf16[bf16.seed_quant == 0]
+    nvfp4 = cell("nvfp4", offset=0.04, rng=6)  # the same seed effects, plus quant noise
+    nvfp4["loss_gap"] += 0.003 * np.random.default_rng(7).normal(size=len(nvfp4))
+    runs = pd.concat([bf16, nvfp4])
+    v = analysis.verdict(runs)
+    quant = v[(v.factor == "quant") & (v.term == "bf16")].iloc[0]
+    assert quant["verdict"] == "not varied" and quant["levels"] == 1
+    fixed = v[v.kind == "fixed"].iloc[0]
+    assert "25 pairs over 5x5 seeds" in fixed["evidence"]  # nvfp4 averaged over its quant seeds
+    assert fixed["verdict"] == "higher"
+
+
+def test_paired_difference_pairs_on_shared_streams():
+    runs = pd.concat([cell("base", rng=8), cell("worse", offset=0.01, rng=8)])
+    table = analysis.paired_difference(runs, "base").set_index("cell")
+    assert list(table.columns) == ["pairs", "diff", "diff_lo", "diff_hi", "verdict"]
+    worse = table.loc["worse"]  # the same seed effects in both cells: they cancel exactly
+    assert worse["pairs"] == 125 and worse["diff"] == pytest.approx(0.01)
+    assert worse["verdict"] == "higher" and worse["diff_hi"] - worse["diff_lo"] < 1e-9
