@@ -12,7 +12,9 @@ seconds, the median compile seconds and the line count of the optimized HLO:
                       (as fp4lab.nnx.op does) and returns the forward and backward statistics
   step <recipe>       one training step (fwd + bwd + adam) of the tiny Llama-style LM of
                       benchmarks/step.py --quick (2 blocks, 14 quantized linears, lm_head in
-                      high precision), "+telemetry" with fp4lab.telemetry.value_and_grad
+                      high precision), "+telemetry" with fp4lab.telemetry.value_and_grad;
+                      "<n> blocks" at depth n, unrolled or with the blocks under nnx.scan
+                      (TransformerConfig.scan_layers: one block compiled, whatever the depth)
 
 Compile time depends on the machine and its load; compare rows measured in one run, or runs on
 the same idle machine.
@@ -36,6 +38,7 @@ from flax import nnx
 import fp4lab as fl
 from fp4lab.core.quantize import quantize_dequantize
 from fp4lab.models.transformer import Transformer, TransformerConfig
+from fp4lab.nnx import telemetry
 from fp4lab.nnx.rules import Rule, quantize_model
 from fp4lab.ops.dot_general import qdot_general
 
@@ -50,12 +53,12 @@ def qdq_case(spec, stochastic: bool = False):
     return (lambda: lambda x: quantize_dequantize(x, spec)), (x,)
 
 
-def qdot_case(recipe: str, telemetry: bool):
+def qdot_case(recipe: str, measure: bool):
     """(function factory, args): grads of sum(qdot_general(x, w)) (and the statistics)."""
     x = jax.random.normal(jax.random.key(0), (256, 64), jnp.float32)
     w = jax.random.normal(jax.random.key(1), (64, 64), jnp.float32) * 0.1
     key = jax.random.key(2)
-    if not telemetry:
+    if not measure:
 
         def make():
             def loss(x, w, key):
@@ -76,14 +79,16 @@ def qdot_case(recipe: str, telemetry: bool):
     return make, (x, w, probe, key)
 
 
-def step_case(recipe: str, telemetry: bool):
+def step_case(recipe: str, measure: bool, scan: bool = False, layers: int = 2):
     """(function factory, args): one pure training step of the tiny LM on (state, tokens)."""
-    cfg = TransformerConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=32)
+    cfg = TransformerConfig(
+        vocab=256, d_model=64, n_layers=layers, n_heads=4, d_ff=256, max_len=32, scan_layers=scan
+    )
     tokens = jax.random.randint(jax.random.key(1), (4, 33), 0, cfg.vocab)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     if recipe is not None:
         rules = [Rule(r".*lm_head.*", None), Rule(r".*", recipe)]
-        quantize_model(model, rules, key=jax.random.key(0), telemetry=telemetry)
+        quantize_model(model, rules, key=jax.random.key(0), telemetry=measure)
     opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
     graphdef, state = nnx.split((model, opt))
 
@@ -94,7 +99,7 @@ def step_case(recipe: str, telemetry: bool):
     def make():
         def step(state, tokens):
             model, opt = nnx.merge(graphdef, state)
-            if telemetry:
+            if measure:
                 loss, grads, metrics = telemetry.value_and_grad(loss_fn)(model, tokens)
             else:
                 (loss, grads), metrics = nnx.value_and_grad(loss_fn)(model, tokens), {}
@@ -122,6 +127,9 @@ def cases(with_step: bool) -> dict:
         rows["step bf16"] = step_case("bf16", False)
         rows["step nvfp4"] = step_case("nvfp4", False)
         rows["step nvfp4 +telemetry"] = step_case("nvfp4", True)
+        for layers in (2, 4, 8):  # compile time against depth, unrolled blocks vs nnx.scan
+            rows[f"step nvfp4, {layers} blocks"] = step_case("nvfp4", False, False, layers)
+            rows[f"step nvfp4, {layers} blocks, scan"] = step_case("nvfp4", False, True, layers)
     return rows
 
 

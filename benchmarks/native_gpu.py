@@ -110,7 +110,8 @@ def parity(kinds, shapes, matmul=None) -> bool:
             kx, kw, kg = jax.random.split(jax.random.key(i), 3)
             x = jax.random.normal(kx, xs, jnp.float32)
             w = jax.random.normal(kw, ws, jnp.float32)
-            g = jax.random.normal(kg, jax.eval_shape(lambda: lax.dot_general(x, w, dn)).shape)
+            y = jax.eval_shape(functools.partial(lax.dot_general, dimension_numbers=dn), x, w)
+            g = jax.random.normal(kg, y.shape)
             try:
                 y_n, (dx_n, dw_n) = gemms(recipe, dn, ("native",) * 3, matmul)(x, w, g)
             except Exception as e:  # a missing kernel shows up in many forms

@@ -11,6 +11,11 @@ query/key/value/out, the scores and the weighted sum are jnp.einsum. The MLP is 
 Paths: "embed", "blocks.0.attn_norm", "blocks.0.attn.query" (key, value, out),
 "blocks.0.mlp_norm", "blocks.0.mlp.gate" (up, down), "norm", "lm_head".
 
+With `scan_layers=True` the blocks are one Block whose parameters are stacked along a leading
+layer axis (built with nnx.vmap) and applied with nnx.scan, as large JAX LM codebases do: the
+compiled program holds one block, whatever the depth. Paths are then "blocks.attn.query" etc.
+(the stacked module), and the same initial parameters as the unscanned model, stacked.
+
 Shape letters: B batch, T sequence, D model width, N heads, H head width, F MLP width,
 V vocabulary, K = H/2 rotary frequencies.
 """
@@ -40,6 +45,7 @@ class TransformerConfig:
     max_len: int = 128  # longest sequence accepted
     dtype: str = "float32"  # computation dtype: "float32" | "bfloat16" | "float16"
     rope_base: float = 10_000.0  # RoPE wavelength base
+    scan_layers: bool = False  # blocks as one stacked Block under nnx.scan (compile once)
 
     def __post_init__(self):
         for name in ("vocab", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
@@ -159,7 +165,10 @@ class Transformer(nnx.Module):
         dtype = jnp.dtype(config.dtype)
         self.config = config
         self.embed = nnx.Embed(config.vocab, config.d_model, dtype=dtype, rngs=rngs)
-        self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
+        if config.scan_layers:
+            self.blocks = _stacked_blocks(config, rngs)
+        else:
+            self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
         self.norm = nnx.RMSNorm(config.d_model, dtype=dtype, rngs=rngs)
         self.lm_head = nnx.Linear(
             config.d_model, config.vocab, use_bias=False, dtype=dtype, rngs=rngs
@@ -174,7 +183,24 @@ class Transformer(nnx.Module):
                 f"sequence length {tokens_BxT.shape[1]} exceeds max_len={self.config.max_len}"
             )
         x_BxTxD = self.embed(tokens_BxT)
-        for block in self.blocks:
-            x_BxTxD = block(x_BxTxD)
+        if self.config.scan_layers:
+            x_BxTxD = _scan_blocks(x_BxTxD, self.blocks)
+        else:
+            for block in self.blocks:
+                x_BxTxD = block(x_BxTxD)
         logits_BxTxV = self.lm_head(self.norm(x_BxTxD))
         return logits_BxTxV.astype(jnp.float32)
+
+
+def _stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:
+    """One Block whose state is the n_layers Blocks of the unscanned model, stacked along a
+    leading axis (the same draws from `rngs`, so both models start from the same parameters)."""
+    blocks = [Block(config, rngs=rngs) for _ in range(config.n_layers)]
+    graphdef, _ = nnx.split(blocks[0])
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *[nnx.state(b) for b in blocks])
+    return nnx.merge(graphdef, stacked)
+
+
+@nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+def _scan_blocks(x_BxTxD: jax.Array, block: Block) -> jax.Array:
+    return block(x_BxTxD)

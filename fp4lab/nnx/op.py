@@ -10,10 +10,18 @@ Each is an nnx.Module holding the op's state (`fp4lab.nnx.state`): the quantizat
 (a base key folded from the model key and the op's path, and a call counter: the key of a
 call is fold_in(base, counter), split per GEMM operand by the plan), delayed-scaling
 histories, and the telemetry probe and forward statistics.
+
+Stacked layers (a module built with nnx.vmap and applied with nnx.scan, e.g. the Transformer
+with `scan_layers=True`): one op stands for L layers. Its state gets a leading layer axis, so
+the scan hands each layer its own slice: its index, its keys (folded from the layer's own
+path "blocks.<i>.attn.query", as in the unscanned model), its histories and statistics. Each
+layer has its own recipe; inside the scan the op selects it with lax.switch over the distinct
+recipes, so the compiled program holds each recipe once, whatever the depth.
 """
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import jax
@@ -21,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4lab.core import recipes
-from fp4lab.nnx.state import AmaxHistory, GradProbe, OpStats, QuantKey
+from fp4lab.nnx.state import AmaxHistory, GradProbe, LayerIndex, OpStats, QuantKey
 from fp4lab.ops.conv import qconv_general_dilated
 from fp4lab.ops.dot_general import qdot_general
 from fp4lab.schema import BWD_OPERANDS, FWD_OPERANDS, STATS
@@ -36,8 +44,9 @@ __all__ = [
 ]
 
 
-def _history(recipe: recipes.GemmRecipe, names: tuple[str, ...]) -> tuple[int, str]:
-    specs = [s for n, s in recipe.used_specs().items() if n in names and s is not None]
+def _history(choices, names: tuple[str, ...]) -> tuple[int, str]:
+    """(longest amax history, its algorithm) of the operands `names` over the recipes."""
+    specs = [s for r in choices for n, s in r.used_specs().items() if n in names and s is not None]
     delayed = [s for s in specs if s.amax_history]
     if not delayed:
         return 0, "max"
@@ -50,6 +59,7 @@ class QuantizedOp(nnx.Module):
     op = ""  # the seam's op name ("dot_general", "einsum", "conv", "attention")
     calls = 1  # GEMM calls per op call (attention: scores and values)
     delayed_scaling = True  # whether amax_history specs are supported here
+    stackable = False  # whether one op may stand for stacked layers under nnx.scan
 
     def __init__(
         self,
@@ -59,16 +69,28 @@ class QuantizedOp(nnx.Module):
         original=None,
         backend: str = "simulated",
         telemetry: bool = False,
+        *,
+        layers: tuple[tuple[str, recipes.GemmRecipe | None], ...] = (),
     ):
+        """recipe, path: the op's; `layers`, for an op standing for stacked layers: one
+        (layer path, recipe or None) per layer, in stack order (`recipe` is then any of them)."""
+        if layers and not self.stackable:
+            raise ValueError(
+                f"{path}: a {self.op} op over stacked (scanned) layers is not supported; "
+                "quantize dot_general or einsum seams there"
+            )
         self.recipe = recipe
         self.path = path
         self.backend = backend
         self.original = original  # the callable it replaced (restored by unquantize)
+        self.layers = tuple(layers)  # static: ((path, recipe or None), ...) or ()
+        choices = [r for _, r in self.layers if r is not None] or [recipe]
+        self.branches = tuple(dict.fromkeys(r for _, r in self.layers)) if layers else ()
         self._delayed = {
-            "x": _history(recipe, ("fprop_x", "wgrad_x")),
-            "w": _history(recipe, ("fprop_w", "dgrad_w")),
+            "x": _history(choices, ("fprop_x", "wgrad_x")),
+            "w": _history(choices, ("fprop_w", "dgrad_w")),
         }
-        if _history(recipe, ("dgrad_dy", "wgrad_dy"))[0]:
+        if _history(choices, ("dgrad_dy", "wgrad_dy"))[0]:
             raise ValueError(
                 f"{path}: delayed scaling (amax_history) applies to the forward "
                 "tensors x and w; gradients use current scaling"
@@ -78,30 +100,36 @@ class QuantizedOp(nnx.Module):
                 f"{path}: delayed scaling is supported for dot_general and einsum ops, "
                 f"not {self.op}"
             )
+        lead = (len(self.layers),) if self.layers else ()  # the stacked layer axis
         for name, (length, _) in self._delayed.items():
-            hist = AmaxHistory(jnp.zeros((length,), jnp.float32)) if length else None
+            hist = AmaxHistory(jnp.zeros((*lead, length), jnp.float32)) if length else None
             setattr(self, f"amax_{name}", hist)
+        self.layer = LayerIndex(jnp.arange(len(self.layers), dtype=jnp.int32)) if lead else None
         # telemetry: the gradient channel and the latest forward statistics
         self.measure = telemetry  # static: telemetry.set_enabled switches it per step
         if telemetry:
-            n = len(STATS)
-            self.probe = GradProbe(jnp.zeros((self.calls, len(BWD_OPERANDS), n), jnp.float32))
-            self.fstats = OpStats(jnp.zeros((self.calls, len(FWD_OPERANDS), n), jnp.float32))
+            n, c = len(STATS), self.calls
+            self.probe = GradProbe(jnp.zeros((*lead, c, len(BWD_OPERANDS), n), jnp.float32))
+            self.fstats = OpStats(jnp.zeros((*lead, c, len(FWD_OPERANDS), n), jnp.float32))
         else:
             self.probe = self.fstats = None
-        if recipe.needs_key:
+        if any(r.needs_key for r in choices):
             if key is None:
                 raise ValueError(
                     f"recipe {recipe.name or recipe} at {path!r} needs a key: "
                     "pass quantize_model(..., key=...)"
                 )
-            self.qbase = QuantKey(jax.random.fold_in(key, zlib.crc32(path.encode())))
-            self.qcount = QuantKey(jnp.zeros((), jnp.uint32))
+            paths = [p for p, _ in self.layers] or [path]
+            bases = [jax.random.fold_in(key, zlib.crc32(p.encode())) for p in paths]
+            self.qbase = QuantKey(jnp.stack(bases) if lead else bases[0])
+            self.qcount = QuantKey(jnp.zeros(lead, jnp.uint32))
         else:
             self.qbase = self.qcount = None
 
     def stat_layers(self) -> list[str]:
-        """Telemetry layer names of this op's GEMM calls."""
+        """Telemetry layer names of this op's GEMM calls (stacked: of each layer's)."""
+        if self.layers:
+            return [p for p, _ in self.layers]
         return [self.path]
 
     def next_key(self) -> jax.Array | None:
@@ -153,20 +181,34 @@ class QuantizedOp(nnx.Module):
         for name, operand in (("x", lhs), ("w", rhs)):
             if self._delayed[name][0]:
                 amax[name] = self._delayed_amax(name, operand)
-        out = qdot_general(
-            lhs,
-            rhs,
-            dimension_numbers,
-            self.recipe,
-            key=key,
+        dot = functools.partial(
+            self._dot,
+            dimension_numbers=dimension_numbers,
             precision=precision,
             preferred_element_type=preferred_element_type,
             out_sharding=out_sharding,
-            backend=self.backend,
-            probe=probe,
-            amax=amax,
         )
+        if not self.layers:
+            out = dot(self.recipe, lhs, rhs, key, probe, amax)
+        elif len(self.branches) == 1:
+            out = dot(self.branches[0], lhs, rhs, key, probe, amax)
+        else:  # this layer's recipe: one branch per distinct recipe of the stack
+            which = jnp.asarray([self.branches.index(r) for _, r in self.layers], jnp.int32)
+            fns = [functools.partial(dot, r) for r in self.branches]
+            out = jax.lax.switch(which[self.layer[...]], fns, lhs, rhs, key, probe, amax)
         return self._record(out, probe, call)
+
+    def _dot(self, recipe, lhs, rhs, key, probe, amax, **dot_args):
+        """qdot_general under `recipe`; None: the plain dot_general (zero statistics)."""
+        if recipe is None:
+            plain = self.original if self.op == "dot_general" else None
+            plain = plain or jax.lax.dot_general  # flax leaves the attribute None by default
+            y = plain(lhs, rhs, **dot_args)
+            if probe is None:
+                return y
+            return y, jnp.zeros((len(FWD_OPERANDS), len(STATS)), jnp.float32)
+        kw = dict(key=key, backend=self.backend, probe=probe, amax=amax)
+        return qdot_general(lhs, rhs, recipe=recipe, **kw, **dot_args)
 
     def einsum(
         self,
@@ -192,6 +234,7 @@ class QuantizedDot(QuantizedOp):
     """Stands in for lax.dot_general."""
 
     op = "dot_general"
+    stackable = True
 
     def __call__(self, *args, **kwargs):
         return self.dot_general(*args, key=self.next_key(), **kwargs)
@@ -201,6 +244,7 @@ class QuantizedEinsum(QuantizedOp):
     """Stands in for jnp.einsum (nnx.Einsum's einsum_op)."""
 
     op = "einsum"
+    stackable = True
 
     def __call__(self, *args, **kwargs):
         return self.einsum(*args, key=self.next_key(), **kwargs)

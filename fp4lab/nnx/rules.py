@@ -122,6 +122,14 @@ def quantize_model(
     """
     rules = [r if isinstance(r, Rule) else Rule(*r) for r in rules]
     used = [False] * len(rules)
+
+    def recipe_of(dotted: str, op: str):
+        for i, rule in enumerate(rules):
+            if rule.matches(dotted, op):
+                used[i] = True
+                return True, recipes.get(rule.recipe)
+        return False, None
+
     targets = []
     for path, module in nnx.iter_modules(model):
         seam = _seam(module)
@@ -129,18 +137,22 @@ def quantize_model(
             continue
         op, attr = seam
         dotted = _dotted(path)
-        for i, rule in enumerate(rules):
-            if rule.matches(dotted, op):
-                used[i] = True
-                targets.append((module, attr, op, dotted, recipes.get(rule.recipe)))
-                break
-    for module, attr, op, dotted, recipe in targets:
+        stack = _stack_of(model, path, module)
+        if stack is None:
+            matched, recipe = recipe_of(dotted, op)
+            if matched:
+                targets.append((module, attr, op, dotted, recipe, ()))
+            continue
+        layers = tuple((p, recipe_of(p, op)[1]) for p in _layer_paths(path, *stack))
+        recipe = next((r for _, r in layers if r is not None), None)
+        targets.append((module, attr, op, dotted, recipe, layers))
+    for module, attr, op, dotted, recipe, layers in targets:
         current = getattr(module, attr)
         original = current.original if isinstance(current, QuantizedOp) else current
         if recipe is None:
             setattr(module, attr, nnx.static(original))
         else:  # a submodule holding the op's state; nnx.data marks it as a child node
-            qop = _OP_MODULES[op](recipe, dotted, key, original, backend, telemetry)
+            qop = _OP_MODULES[op](recipe, dotted, key, original, backend, telemetry, layers=layers)
             setattr(module, attr, nnx.data(qop))
     for rule, u in zip(rules, used, strict=True):
         if not u:
@@ -148,9 +160,55 @@ def quantize_model(
     return model
 
 
+def _stack_of(model: nnx.Module, path, module) -> tuple[tuple, int] | None:
+    """(path of the stacked module, L) when `module` is a seam inside layers stacked by
+    nnx.vmap (for nnx.scan), else None.
+
+    A seam is stacked when its kernel has one axis more than the layer declares (Linear: 2,
+    LinearGeneral: its in + out features, Einsum: its kernel_shape, Conv: window + 2); the
+    stacked module is its outermost ancestor whose Params all lead with the same L.
+    """
+    declared = _declared_ndim(module)
+    kernel = getattr(module, "kernel", None)
+    if declared is None or kernel is None or kernel[...].ndim != declared + 1:
+        return None
+    length = kernel[...].shape[0]
+    modules = dict((tuple(p), m) for p, m in nnx.iter_modules(model))
+    root = tuple(path)
+    for cut in range(len(path) - 1, 0, -1):
+        leads = {v.shape[0] if v.ndim else None for v in _params(modules[tuple(path[:cut])])}
+        if leads != {length}:
+            break
+        root = tuple(path[:cut])
+    return root, length
+
+
+def _declared_ndim(module) -> int | None:
+    if isinstance(module, nnx.Linear):
+        return 2
+    if isinstance(module, nnx.LinearGeneral):
+        return len(module.in_features) + len(module.out_features)
+    if isinstance(module, nnx.Einsum):
+        return len(module.kernel_shape)
+    if isinstance(module, nnx.Conv):
+        return len(module.kernel_size) + 2
+    return None
+
+
+def _params(module) -> list:
+    return [v[...] for _, v in nnx.to_flat_state(nnx.state(module, nnx.Param))]
+
+
+def _layer_paths(path, stack_path, length: int) -> list[str]:
+    """The dotted path of each layer: the layer index inserted after the stacked module."""
+    head, tail = tuple(path[: len(stack_path)]), tuple(path[len(stack_path) :])
+    return [_dotted((*head, i, *tail)) for i in range(length)]
+
+
 def describe(model: nnx.Module):
     """One row per quantizable seam: module path, op, recipe name ("-" = high precision).
 
+    An op standing for stacked layers gives one row per layer ("blocks.3.attn.query").
     Returns a pandas DataFrame (pandas is imported here, so that training processes that never
     describe a model do not load it).
     """
@@ -163,6 +221,15 @@ def describe(model: nnx.Module):
             continue
         op, attr = seam
         current = getattr(module, attr)
+        if isinstance(current, QuantizedOp) and current.layers:
+            for layer, recipe in current.layers:
+                name = "-" if recipe is None else recipe.name or "custom"
+                rows.append({"path": layer, "op": op, "recipe": name})
+            continue
+        stack = _stack_of(model, path, module)
+        if stack is not None and not isinstance(current, QuantizedOp):
+            rows += [{"path": p, "op": op, "recipe": "-"} for p in _layer_paths(path, *stack)]
+            continue
         name = "-"
         if isinstance(current, QuantizedOp):
             name = current.recipe.name or "custom"

@@ -5,6 +5,7 @@
     GradProbe     telemetry's gradient channel: a zero input whose cotangent is the op's
                   backward statistics (docs/architecture.md §5)
     OpStats       telemetry: the forward statistics of the op's latest call
+    LayerIndex    an op standing for stacked (scanned) layers: each layer's index in the stack
 
 Distinct Variable types let a caller select each kind with nnx filters (e.g. differentiate
 Params and GradProbes together, or split the quantization keys out of a model's state).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from flax import nnx
 
-__all__ = ["QuantKey", "AmaxHistory", "GradProbe", "OpStats"]
+__all__ = ["QuantKey", "AmaxHistory", "GradProbe", "OpStats", "LayerIndex"]
 
 
 class QuantKey(nnx.Variable):
@@ -31,3 +32,7 @@ class GradProbe(nnx.Variable):
 
 class OpStats(nnx.Variable):
     """Forward statistics of a quantized op's latest call."""
+
+
+class LayerIndex(nnx.Variable):
+    """The index of each layer of a stacked op; nnx.scan hands each layer its own."""

@@ -90,12 +90,18 @@ def collect(model, probe_grads=None) -> dict[str, jax.Array]:
             probes[tuple(path[:-1])] = v[...] if hasattr(v, "get_value") else v
     paths = {id(m): p for p, m in nnx.iter_modules(model)}
     for op in _ops(model):
-        fwd = op.fstats[...]
+        # one table per GEMM call; a stacked op's layers come first (layer, call) -> row
+        fwd = op.fstats[...].reshape(-1, len(FWD_OPERANDS), len(STATS))
         bwd = probes.get(tuple(paths[id(op)]))
-        for call, layer in enumerate(op.stat_layers()):
-            metrics |= _flatten(layer, fwd[call], FWD_OPERANDS)
+        if bwd is not None:
+            bwd = bwd.reshape(-1, len(BWD_OPERANDS), len(STATS))
+        high = {p for p, r in op.layers if r is None}  # stacked layers left unquantized
+        for row, layer in enumerate(op.stat_layers()):
+            if layer in high:
+                continue
+            metrics |= _flatten(layer, fwd[row], FWD_OPERANDS)
             if bwd is not None:
-                metrics |= _flatten(layer, bwd[call], BWD_OPERANDS)
+                metrics |= _flatten(layer, bwd[row], BWD_OPERANDS)
     return metrics
 
 

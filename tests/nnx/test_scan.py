@@ -1,0 +1,126 @@
+"""Stacked (scanned) layers: one quantized op per seam, rules and telemetry still per layer."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import fp4lab as fl
+from fp4lab.models import Transformer, TransformerConfig
+from fp4lab.nnx import telemetry
+from fp4lab.nnx.op import QuantizedOp
+
+CFG = dict(vocab=32, d_model=32, n_layers=4, n_heads=2, d_ff=64, max_len=16)
+TOKENS = jax.random.randint(jax.random.key(0), (2, 17), 0, 32)
+RULES = [
+    fl.Rule(r"lm_head", None),
+    fl.Rule(r"blocks\.1\..*", "bf16"),
+    fl.Rule(r"blocks\.3\..*", None),
+    fl.Rule(r".*", "nvfp4"),  # stochastic rounding and random Hadamard signs: keys per layer
+]
+
+
+def _model(scan: bool, rules=RULES, measure=True):
+    model = Transformer(TransformerConfig(**CFG, scan_layers=scan), rngs=nnx.Rngs(0))
+    return fl.quantize_model(model, rules, key=jax.random.key(1), telemetry=measure)
+
+
+def _loss(model, tokens):
+    logits = model(tokens[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+@nnx.jit
+def _step(model):
+    return telemetry.value_and_grad(_loss)(model, TOKENS)
+
+
+def test_scanned_transformer_starts_from_the_unscanned_parameters_stacked():
+    a, b = (Transformer(TransformerConfig(**CFG, scan_layers=s), rngs=nnx.Rngs(0)) for s in (0, 1))
+    for i in range(CFG["n_layers"]):
+        np.testing.assert_array_equal(
+            b.blocks.mlp.down.kernel[...][i], a.blocks[i].mlp.down.kernel[...]
+        )
+    np.testing.assert_array_equal(b.lm_head.kernel[...], a.lm_head.kernel[...])
+    np.testing.assert_allclose(b(TOKENS[:, 1:]), a(TOKENS[:, 1:]), rtol=1e-5, atol=1e-5)
+
+
+def test_one_op_per_seam_with_a_recipe_per_layer():
+    model = _model(True)
+    op = model.blocks.attn.query.dot_general
+    assert isinstance(op, QuantizedOp)
+    assert [p for p, _ in op.layers] == [f"blocks.{i}.attn.query" for i in range(4)]
+    names = [None if r is None else r.name for _, r in op.layers]
+    assert names == ["nvfp4", "bf16", "nvfp4", None]
+    assert op.probe[...].shape[0] == 4 and op.qbase[...].shape == (4,)
+
+
+def test_describe_lists_every_layer_as_for_the_unscanned_model():
+    a, b = (fl.describe(_model(s)).sort_values("path").reset_index(drop=True) for s in (0, 1))
+    assert len(b) == 4 * 7 + 1
+    assert b.equals(a)
+    assert set(b[b.path.str.startswith("blocks.3.")].recipe) == {"-"}
+
+
+def test_rules_telemetry_and_gradients_per_layer_match_the_unscanned_model():
+    (la, ga, ma), (lb, gb, mb) = _step(_model(False)), _step(_model(True))
+    np.testing.assert_allclose(lb, la, rtol=1e-5)
+    assert set(mb) == set(ma)  # the same layer names, unstacked
+    assert not any(k.startswith("quant/blocks.3.") for k in mb)  # block 3: high precision
+    assert any(k.startswith("quant/blocks.1.") for k in mb)  # block 1: bf16
+    for k in ma:
+        np.testing.assert_allclose(mb[k], ma[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    for i in range(4):
+        np.testing.assert_allclose(
+            gb["blocks"]["mlp"]["up"]["kernel"][...][i],
+            ga["blocks"][i]["mlp"]["up"]["kernel"][...],
+            rtol=1e-4,
+            atol=1e-6,
+        )
+
+
+def test_a_rule_naming_one_block_quantizes_only_that_block():
+    rules = [fl.Rule(r"blocks\.2\..*", "nvfp4-rl"), fl.Rule(".*", None)]
+    model = _model(True, rules)
+    _, _, metrics = _step(model)
+    layers = {k.split("/")[1] for k in metrics}
+    seams = ("attn.query", "attn.key", "attn.value", "attn.out", "mlp.gate", "mlp.up", "mlp.down")
+    assert layers == {f"blocks.2.{m}" for m in seams}
+    assert isinstance(model.blocks.mlp.up.dot_general, QuantizedOp)
+
+
+def test_quantization_keys_advance_per_layer_and_differ_between_layers():
+    model = _model(True, [fl.Rule(".*", "nvfp4")], measure=False)
+    op = model.blocks.mlp.up.dot_general
+    bases = np.asarray(jax.random.key_data(op.qbase[...]))
+    assert len({tuple(b.ravel()) for b in bases}) == 4
+    nnx.jit(lambda m: _loss(m, TOKENS))(model)
+    np.testing.assert_array_equal(op.qcount[...], np.ones(4, np.uint32))
+
+
+def test_conv_and_attention_seams_cannot_be_stacked_silently():
+    class Stacked(nnx.Module):
+        def __init__(self):
+            @nnx.split_rngs(splits=3)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def make(rngs):
+                return nnx.Conv(4, 4, (3,), rngs=rngs)
+
+            self.convs = make(nnx.Rngs(0))
+
+    with pytest.raises(ValueError, match="stacked .scanned. layers is not supported"):
+        fl.quantize_model(Stacked(), [fl.Rule(".*", "nvfp4")], key=jax.random.key(0))
+
+
+def test_scanned_model_runs_under_vmap_over_seeds():
+    def loss_at(key):
+        model = Transformer(TransformerConfig(**CFG, scan_layers=True), rngs=nnx.Rngs(key))
+        fl.quantize_model(model, [fl.Rule(".*", "nvfp4")], key=key)
+        return _loss(model, TOKENS)
+
+    keys = jax.random.split(jax.random.key(3), 2)
+    batched = jax.jit(jax.vmap(loss_at))(keys)
+    alone = jnp.stack([jax.jit(loss_at)(k) for k in keys])
+    np.testing.assert_allclose(batched, alone, rtol=1e-5)
