@@ -9,6 +9,14 @@ A quantized op quantizes its operands in a layout of its own and maps the quanti
 
 `axes[name]` is the axis along which the operand `name` (`fp4lab.schema.OPERAND_NAMES`) is
 quantized in that layout: its own GEMM's contraction axis (Wgrad: the token axis).
+
+The Wgrad GEMM contracts over tokens (dot_general: the merged free axes M of lhs; conv: the
+batch), whose count is whatever the data gives (4 sequences of 31 predicted tokens: 124). Where
+the Wgrad operands' blocks or Hadamard rotation do not divide it, the plan zero-pads the token
+axis of both operands in this layout (`pad_tokens`) and contracts the padded operands
+(`contract_tokens`). That is exact: a zero row changes no block amax, the rotation is orthogonal
+(H^T H = I, so (H x)^T (H dy) = x^T dy at the padded length), and padded rows add nothing to the
+product.
 """
 
 from __future__ import annotations
@@ -17,8 +25,16 @@ import dataclasses
 import math
 
 import jax.numpy as jnp
+from jax import lax
 
-__all__ = ["DotLayout", "ConvLayout"]
+__all__ = ["DotLayout", "ConvLayout", "pad_tokens"]
+
+
+def pad_tokens(a, axis: int, length: int):
+    """`a` zero-padded at the end of `axis` to `length` entries."""
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, length - a.shape[axis])
+    return jnp.pad(a, widths)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +59,37 @@ class DotLayout:
 
     @classmethod
     def of(cls, lhs_shape, rhs_shape, dimension_numbers) -> DotLayout:
+        """The layout of dot_general operands; contracting and batch dimensions whose sizes
+        differ between lhs and rhs raise a ValueError naming them."""
         (lc, rc), (lb, rb) = dimension_numbers
         dn = ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb)))
+        for what, ld, rd in (("contracting", lc, rc), ("batch", lb, rb)):
+            sizes_l = tuple(lhs_shape[d] for d in ld)
+            sizes_r = tuple(rhs_shape[d] for d in rd)
+            if len(ld) != len(rd) or sizes_l != sizes_r:
+                raise ValueError(
+                    f"dot_general {what} dimensions differ: lhs axes {tuple(ld)} of shape "
+                    f"{tuple(lhs_shape)} have sizes {sizes_l}, rhs axes {tuple(rd)} of shape "
+                    f"{tuple(rhs_shape)} have sizes {sizes_r}"
+                )
         return cls(tuple(lhs_shape), tuple(rhs_shape), dn)
+
+    @property
+    def token_axes(self) -> tuple[int, int]:
+        """The token axis of the Wgrad operands (x, dy): M of (B, M, K) and of (B, M, N)."""
+        return 1, 1
+
+    def contract_tokens(self, x3, dy3, rhs, precision=None, preferred_element_type=None):
+        """Wgrad on (token-padded) canonical operands: dw (B, N, K) = dy^T . x over M, in the
+        original rhs layout and dtype."""
+        dw3 = lax.dot_general(
+            dy3,
+            x3,
+            (((1,), (1,)), ((0,), (0,))),
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+        )
+        return self.rhs_from(dw3.astype(rhs.dtype))
 
     @property
     def lhs_perm(self) -> tuple:
@@ -107,6 +151,11 @@ class ConvLayout:
     rhs_in: int
     out_batch: int
     out_feature: int
+
+    @property
+    def token_axes(self) -> tuple[int, int]:
+        """The token axis of the Wgrad operands (x, dy): their batch axes."""
+        return self.lhs_batch, self.out_batch
 
     @property
     def axes(self) -> dict[str, int]:

@@ -12,11 +12,21 @@ in the op's layout (`fp4lab.ops.layout`), and run the GEMMs that `jax.vjp` of th
 runs on them, so a recipe without quantization is bit-identical to the plain op in values and
 gradients. With telemetry, each quantized operand also yields the statistics of
 `fp4lab.core.stats` (zeros for an operand left unquantized).
+
+Token padding: the Wgrad GEMM contracts over tokens, whose count the data decides. Where the
+Wgrad operands' tiles or Hadamard size do not divide it (and the quantizer would otherwise
+raise), `grads` zero-pads the token axis of x and dy to the least common multiple of the two
+operands' tile widths and Hadamard sizes, quantizes the padded operands and contracts them at
+the padded length (`fp4lab.ops.layout`); the result is exact (padded rows add nothing, the
+rotation is orthogonal). The statistics of a padded operand include its zero rows. A token
+count that divides takes the unpadded path, bit for bit as before. Any other shape error names
+the GEMM, the operand and the axis.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +35,7 @@ from fp4lab.core import hadamard, recipes
 from fp4lab.core.quantize import quantize_dequantize
 from fp4lab.core.spec import QuantSpec
 from fp4lab.core.stats import operand_stats
+from fp4lab.ops import layout
 from fp4lab.schema import BWD_OPERANDS, OPERAND_NAMES, STATS
 
 __all__ = ["Gemm", "operand_keys", "quantize_operand", "resolve_recipe"]
@@ -60,13 +71,28 @@ def _along(a, axis: int, fn):
 
 
 def quantize_operand(
-    a, spec: QuantSpec | None, axis: int, transform, key, tkey, stats: bool, amax=None
+    a, spec: QuantSpec | None, axis: int, transform, key, tkey, stats: bool, amax=None, name=""
 ):
     """Quantize-dequantize one operand along `axis`, rotated by its GEMM's transform.
 
     Returns (x_hat in the rotated domain, statistics or None); the statistics are zeros for an
-    unquantized operand. `amax` (delayed scaling) is used only where the spec asks for it.
+    unquantized operand. `amax` (delayed scaling) is used only where the spec asks for it. A
+    shape the tile or rotation cannot block raises a ValueError that names the operand `name`
+    (e.g. "wgrad_x": the Wgrad GEMM's x), the axis and the shape in the op's layout.
     """
+    try:
+        return _quantize_operand(a, spec, axis, transform, key, tkey, stats, amax)
+    except ValueError as e:
+        if not name:
+            raise
+        gemm, operand = name.split("_", 1)
+        raise ValueError(
+            f"{gemm.capitalize()} GEMM, operand {operand} ({name}), blocked along axis {axis} of "
+            f"its layout shape {tuple(a.shape)}: {e}"
+        ) from e
+
+
+def _quantize_operand(a, spec, axis, transform, key, tkey, stats, amax):
     none = jnp.zeros(len(STATS), jnp.float32) if stats else None
     if spec is None and transform is None:
         return a, none
@@ -107,19 +133,56 @@ class Gemm:
         t, tkey = r.transform("fprop"), keys["fprop_transform"]
         ax, aw = lay.axes["fprop_x"], lay.axes["fprop_w"]
         x, sx = quantize_operand(
-            lay.lhs_to(lhs), r.fprop_x, ax, t, keys["fprop_x"], tkey, stats, amax.get("x")
+            lay.lhs_to(lhs),
+            r.fprop_x,
+            ax,
+            t,
+            keys["fprop_x"],
+            tkey,
+            stats,
+            amax.get("x"),
+            "fprop_x",
         )
         w, sw = quantize_operand(
-            lay.rhs_to(rhs), r.fprop_w, aw, t, keys["fprop_w"], tkey, stats, amax.get("w")
+            lay.rhs_to(rhs),
+            r.fprop_w,
+            aw,
+            t,
+            keys["fprop_w"],
+            tkey,
+            stats,
+            amax.get("w"),
+            "fprop_w",
         )
         if t is not None and not rotated:
             x = _along(x, ax, lambda m: hadamard.unrotate(m, t, tkey)).astype(lhs.dtype)
             w = _along(w, aw, lambda m: hadamard.unrotate(m, t, tkey)).astype(rhs.dtype)
         return lay.lhs_from(x), lay.rhs_from(w), (jnp.stack([sx, sw]) if stats else None)
 
+    def token_padding(self, lay, tokens: int) -> int:
+        """The padded token count of the Wgrad operands: `tokens` when the quantizer can block
+        it as it is (it divides, or a spec pads by itself without a rotation), else the next
+        multiple of the least common multiple of both operands' tile widths and Hadamard size."""
+        r = self.recipe
+        if r.backward != "quantized":
+            return tokens
+        t = r.transform("wgrad")
+        multiple, raises = 1, False
+        for spec in (r.wgrad_x, r.wgrad_dy):
+            if spec is None and t is None:
+                continue
+            tx = spec.tile[1] if spec is not None and spec.tile is not None else 1
+            need = math.lcm(tx, t.size) if t is not None else tx
+            multiple = math.lcm(multiple, need)
+            self_padding = spec is not None and spec.pad and t is None
+            raises = raises or (tokens % need != 0 and not self_padding)
+        return -(-tokens // multiple) * multiple if raises else tokens
+
     def backward_operands(self, lhs, rhs, g, keys, amax):
         """(w for Dgrad, dy for Dgrad, x for Wgrad, dy for Wgrad) in the original layouts, as
-        the backward mode says, and the statistics (4, len(STATS)) of `BWD_OPERANDS` or None."""
+        the backward mode says, and the statistics (4, len(STATS)) of `BWD_OPERANDS` or None.
+        Wgrad operands whose token axis needs padding (`token_padding`) come back padded, in
+        the op's layout (`grads` contracts them there)."""
         r, on = self.recipe, self.telemetry
         zeros = jnp.zeros((len(BWD_OPERANDS), len(STATS)), jnp.float32) if on else None
         if r.backward == "high_precision":
@@ -132,20 +195,31 @@ class Gemm:
         td, tw = r.transform("dgrad"), r.transform("wgrad")
         kd, kw = keys["dgrad_transform"], keys["wgrad_transform"]
         axes = lay.axes
-        dy_d, s0 = quantize_operand(dy, r.dgrad_dy, axes["dgrad_dy"], td, keys["dgrad_dy"], kd, on)
+        dy_d, s0 = quantize_operand(
+            dy, r.dgrad_dy, axes["dgrad_dy"], td, keys["dgrad_dy"], kd, on, None, "dgrad_dy"
+        )
         w_d, s1 = quantize_operand(
-            lay.rhs_to(rhs), r.dgrad_w, axes["dgrad_w"], td, keys["dgrad_w"], kd, on, amax.get("w")
-        )
+            lay.rhs_to(rhs), r.dgrad_w, axes["dgrad_w"], td, keys["dgrad_w"], kd, on,
+            amax.get("w"), "dgrad_w",
+        )  # fmt: skip
+        x3 = lay.lhs_to(lhs)
+        tx_axis, tdy_axis = lay.token_axes
+        tokens = x3.shape[tx_axis]
+        padded = self.token_padding(lay, tokens)
+        if padded != tokens:
+            x3 = layout.pad_tokens(x3, tx_axis, padded)
+            dy = layout.pad_tokens(dy, tdy_axis, padded)
         x_w, s2 = quantize_operand(
-            lay.lhs_to(lhs), r.wgrad_x, axes["wgrad_x"], tw, keys["wgrad_x"], kw, on, amax.get("x")
+            x3, r.wgrad_x, axes["wgrad_x"], tw, keys["wgrad_x"], kw, on, amax.get("x"), "wgrad_x"
         )
-        dy_w, s3 = quantize_operand(dy, r.wgrad_dy, axes["wgrad_dy"], tw, keys["wgrad_dy"], kw, on)
-        operands = (
-            lay.rhs_from(w_d),
-            dy_d.reshape(g.shape),
-            lay.lhs_from(x_w),
-            dy_w.reshape(g.shape),
+        dy_w, s3 = quantize_operand(
+            dy, r.wgrad_dy, axes["wgrad_dy"], tw, keys["wgrad_dy"], kw, on, None, "wgrad_dy"
         )
+        if padded != tokens:  # stays in the op's layout, padded: `grads` contracts it there
+            x_w, dy_w = _Padded(x_w), _Padded(dy_w)
+        else:
+            x_w, dy_w = lay.lhs_from(x_w), dy_w.reshape(g.shape)
+        operands = (lay.rhs_from(w_d), dy_d.reshape(g.shape), x_w, dy_w)
         return operands, (jnp.stack([s0, s1, s2, s3]) if on else None)
 
     def forward(self, lhs, rhs, aux):
@@ -162,7 +236,41 @@ class Gemm:
         key, amax = aux
         (w_d, dy_d, x_w, dy_w), stats = self.backward_operands(lhs, rhs, g, operand_keys(key), amax)
         _, vjp_lhs = jax.vjp(lambda a: self.gemm(a, w_d), lhs)
-        _, vjp_rhs = jax.vjp(lambda b: self.gemm(x_w, b), rhs)
         (dx,) = vjp_lhs(dy_d.astype(g.dtype))
-        (dw,) = vjp_rhs(dy_w.astype(g.dtype))
+        if isinstance(x_w, _Padded):
+            dw = self.contract_padded(lhs, rhs, x_w.value, dy_w.value.astype(g.dtype))
+        else:
+            _, vjp_rhs = jax.vjp(lambda b: self.gemm(x_w, b), rhs)
+            (dw,) = vjp_rhs(dy_w.astype(g.dtype))
         return dx, dw, stats
+
+    def contract_padded(self, lhs, rhs, x_w, dy_w):
+        """Wgrad on token-padded operands in the op's layout: dot_general contracts the
+        canonical (B, M, K) and (B, M, N) over M (with the op's precision arguments); an op
+        whose layout is its own (conv) runs its own GEMM's weight gradient on them."""
+        lay = self.layout(lhs.shape, rhs.shape)
+        if isinstance(lay, layout.DotLayout):
+            return lay.contract_tokens(
+                x_w,
+                dy_w,
+                rhs,
+                precision=getattr(self, "precision", None),
+                preferred_element_type=getattr(self, "preferred_element_type", None),
+            )
+        _, vjp_rhs = jax.vjp(lambda b: self.gemm(x_w, b), rhs)
+        return vjp_rhs(dy_w)[0]
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class _Padded:
+    """A Wgrad operand left token-padded in the op's layout (see `Gemm.token_padding`)."""
+
+    value: jax.Array
+
+    def tree_flatten(self):
+        return (self.value,), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(*children)
