@@ -45,7 +45,7 @@ def _load_experiment(args):
 
 def _run(args) -> int:
     from fp4lab import sweep
-    from fp4lab.sweep import store
+    from fp4lab.sweep import runner, store
 
     if args.executor == "ray" and not args.dry_run:
         from fp4lab.sweep import ray as ray_executor
@@ -55,6 +55,7 @@ def _run(args) -> int:
     out = Path(args.out) if args.out else Path("results") / exp.name
     if args.dry_run:
         st = store.Store(out)
+        runner.check_owner(exp, st, args.force)
         print(f"{exp.name}: {len(exp.cells)} cells, {exp.n_runs} runs -> {out}")
         for cell in exp.cells:
             done = sum(st.finished(r) for r in cell.run_ids())

@@ -30,7 +30,15 @@ from fp4lab.sweep.compute import compute_cell
 from fp4lab.sweep.executors import Compute
 from fp4lab.sweep.experiment import Cell, Experiment, ExperimentError
 
-__all__ = ["EXECUTORS", "FolderTaken", "Progress", "batches", "pending", "run_experiment"]
+__all__ = [
+    "EXECUTORS",
+    "FolderTaken",
+    "Progress",
+    "batches",
+    "check_owner",
+    "pending",
+    "run_experiment",
+]
 
 EXECUTORS = ("local", "ray")
 
