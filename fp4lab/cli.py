@@ -16,8 +16,10 @@ fp4lab formats | demo      the element formats; a tour of the toolkit
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import fp4lab
@@ -151,7 +153,7 @@ def _ls(args) -> int:
         manifest = st.experiment() or {}
         records = {r["run_id"]: r for r in st.records()}
         print(f"{folder}  ({manifest.get('name', folder.name)})")
-        cells = manifest.get("cells") or _cells_of(records)
+        cells = manifest.get("cells") or _cells_of(store.label_runs(list(records.values()), {}))
         for cell in cells:
             rs = [records.get(r) for r in cell["run_ids"]]
             ok = sum(r is not None and r["status"] == "ok" for r in rs)
@@ -165,10 +167,11 @@ def _ls(args) -> int:
     return 0
 
 
-def _cells_of(records) -> list[dict]:
+def _cells_of(labelled) -> list[dict]:
+    """Cells of a folder without a manifest: the records grouped by label and config."""
     cells: dict[str, list[str]] = {}
-    for rid, r in records.items():
-        cells.setdefault(r["cell"], []).append(rid)
+    for r, label in labelled:
+        cells.setdefault(label, []).append(r["run_id"])
     return [{"label": k, "run_ids": v} for k, v in cells.items()]
 
 
@@ -277,8 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     from fp4lab.train.config import ConfigError
 
     previous = _terminate_as_interrupt() if args.command == "run" else None
+    formatwarning = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning
     try:
         return args.func(args)
+    except BrokenPipeError:  # `fp4lab ... | head`: the reader is gone, say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ExperimentError, ConfigError, StoreError, OSError, RayNotInstalled) as e:
         print(f"fp4lab {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -289,8 +297,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 130
     finally:
+        warnings.formatwarning = formatwarning
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {message}\n"
 
 
 def _terminate_as_interrupt():

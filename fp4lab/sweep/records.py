@@ -171,6 +171,6 @@ def read_record(path: Path) -> dict[str, Any] | None:
     if why is None:
         why = check_record(body, path.stem)
     if why is not None:
-        warn_bad(path, f"bad run record, skipped (its run will be redone): {why}", stacklevel=4)
+        warn_bad(path, f"bad run record, skipped: {why}", stacklevel=4)
         return None
     return body

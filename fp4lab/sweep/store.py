@@ -59,6 +59,7 @@ __all__ = [
     "code_version",
     "config_id",
     "data_hashes",
+    "label_runs",
     "load",
     "provenance",
     "run_id",
@@ -244,7 +245,7 @@ def _config_value(v):
     return json.dumps(v) if isinstance(v, list | dict) else v
 
 
-def _labels(records, current: dict[str, str], stale: bool) -> list[tuple[dict, str]]:
+def label_runs(records, current: dict[str, str], stale: bool = False) -> list[tuple[dict, str]]:
     """(record, cell label) of the runs to show. Current runs take the manifest's label; stale
     runs (and runs of a folder without a manifest whose label spans several configs) get their
     config id appended, so runs of different configs never share a label."""
@@ -286,7 +287,7 @@ def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
     current = store.current_ids(manifest)
     n_stale = sum(r["run_id"] not in current for r in records) if current else 0
     rows, parts, prov = [], [], []
-    for r, label in _labels(records, current, stale):
+    for r, label in label_runs(records, current, stale):
         seeds = r["seeds"]
         name = manifest["name"] if manifest and not stale and current else r["experiment"]
         row = {"run_id": r["run_id"], "experiment": name, "cell": label}

@@ -286,3 +286,16 @@ def test_a_write_that_fails_is_one_clear_error(tmp_path, monkeypatch, capsys, er
     assert cli.main(["run", str(path), "--out", str(tmp_path / "res"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "experiment.json" in err[0]
+
+
+def test_without_a_manifest_ls_and_load_keep_configs_apart(tmp_path, capsys):
+    out = tmp_path / "res"
+    run(write_experiment(tmp_path, 'add("x")', lr=3e-3), out, compute=fake_compute)
+    run(write_experiment(tmp_path, 'add("x")', lr=1e-2), out, compute=fake_compute)
+    (out / "experiment.json").write_text("{")
+    with pytest.warns(store.CorruptRecord, match="experiment.json: bad experiment manifest"):
+        assert cli.main(["ls", str(out)]) == 0
+        res = store.load(out)
+    text = capsys.readouterr().out
+    assert text.count("ok 2  failed 0  missing 0") == 2 and "ok 4" not in text
+    assert res.runs.groupby("cell").size().tolist() == [2, 2]
