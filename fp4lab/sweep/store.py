@@ -248,9 +248,12 @@ def _config_value(v):
 def label_runs(records, current: dict[str, str], stale: bool = False) -> list[tuple[dict, str]]:
     """(record, cell label) of the runs to show. Current runs take the manifest's label; stale
     runs (and runs of a folder without a manifest whose label spans several configs) get their
-    config id appended, so runs of different configs never share a label."""
+    config id appended, so runs of different configs never share a label. Without a manifest
+    (`current` empty) every run counts as current and none as stale."""
     if current and not stale:
         return [(r, current[r["run_id"]]) for r in records if r["run_id"] in current]
+    if stale and not current:
+        return []
     chosen = [r for r in records if r["run_id"] not in current]
     ids = {id(r): config_id(r["config"], r.get("data")) for r in chosen}
     configs: dict[str, set] = {}
