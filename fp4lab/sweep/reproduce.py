@@ -17,7 +17,6 @@ data files have the hashes in the record and `NUMERICS_VERSION` is the record's.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -102,9 +101,4 @@ def _compare(run_id: str, record: dict, fresh: dict) -> None:
 
 
 def _scalar(v) -> bool:
-    return (
-        isinstance(v, int | float)
-        and not isinstance(v, bool)
-        or v is None
-        or (isinstance(v, float) and math.isnan(v))
-    )
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
