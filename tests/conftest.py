@@ -1,9 +1,21 @@
-"""Tests run on the CPU, in float32, with rank promotion and x64 off."""
+"""Tests run on the CPU, in float32, with rank promotion and x64 off.
+
+Compiled programs are shared through jax's persistent cache in `.jax_cache/` inside the
+checkout (ignored by git; FP4LAB_TEST_COMPILE_CACHE=off turns it off, or names another folder),
+so the test workers and later runs of the tests skip compiles already made.
+"""
 
 import os
+import pathlib
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 
+from fp4lab.sweep.compute import use_compile_cache  # noqa: E402
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+_cache = os.environ.get("FP4LAB_TEST_COMPILE_CACHE", "")
+if _cache != "off":
+    use_compile_cache(_cache or pathlib.Path(__file__).resolve().parents[1] / ".jax_cache")

@@ -10,15 +10,41 @@ it imports when first called (a driver that only reads results never loads jax's
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fp4lab.train import config as C
 
-__all__ = ["compute_cell", "clear_cache"]
+__all__ = ["compute_cell", "clear_cache", "use_compile_cache", "default_compile_cache"]
+
+def default_compile_cache() -> Path:
+    """Where `fp4lab run` keeps compiled programs: $XDG_CACHE_HOME/fp4lab/jax (default
+    ~/.cache/fp4lab/jax)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fp4lab" / "jax"
+
+
+def use_compile_cache(folder: str | os.PathLike, min_compile_seconds: float = 0.5) -> None:
+    """Turns on jax's persistent compilation cache in `folder` for this process.
+
+    A program compiled once (a cell's training run, a test's step) is then loaded from disk by
+    every later process that compiles the same program with the same jax and flags: added seed
+    batches, reruns and other test files skip compilation. The cached executable is the one a
+    fresh compile produces, so results are bit-identical with and without the cache (tested).
+    Programs that compile faster than `min_compile_seconds` are not written.
+    """
+    import jax
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
 
 _COMPILED: dict[C.Config, tuple[Callable, float]] = {}
 

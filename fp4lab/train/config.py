@@ -110,6 +110,7 @@ class Config:
     hidden: tuple[int, ...] = (128, 128)  # MLP hidden widths
     seq_len: int = 32  # tokens per sequence
     dtype: str = "float32"  # model compute dtype (parameters stay float32)
+    scan_layers: bool = False  # markov/text: the blocks under nnx.scan (compile once per block)
     # optimization
     steps: int = 200  # optimizer steps
     batch_size: int = 16  # sequences (or examples) per step

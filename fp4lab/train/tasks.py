@@ -48,6 +48,7 @@ def _lm_task(cfg: Config, vocab: int, sample, floor: float, skip: int, name: str
         d_ff=cfg.d_ff,
         max_len=cfg.seq_len,
         dtype=cfg.dtype,
+        scan_layers=cfg.scan_layers,
     )
 
     def loss(model, tokens_BxT):

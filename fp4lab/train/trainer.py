@@ -262,12 +262,13 @@ def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int) -> jax.Array
         quantize_model(model, rules, key=jax.random.fold_in(keys["quant"], p))
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
 
-    def one(rest, i):
+    def one(state, i):  # the parameters ride in the carry: nnx.scan inside a scanned model
+        params, rest = state  # needs its graph nodes made at this trace level
         m = nnx.merge(graphdef, params, rest)
         loss = task.loss(m, eval_batch(task, keys, i))
-        return nnx.state(m, nnx.Not(nnx.Param)), loss
+        return (params, nnx.state(m, nnx.Not(nnx.Param))), loss
 
-    return jax.lax.scan(one, rest, jnp.arange(cfg.eval_batches))[1].mean()
+    return jax.lax.scan(one, (params, rest), jnp.arange(cfg.eval_batches))[1].mean()
 
 
 def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any]]:

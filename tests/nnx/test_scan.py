@@ -124,3 +124,17 @@ def test_scanned_model_runs_under_vmap_over_seeds():
     batched = jax.jit(jax.vmap(loss_at))(keys)
     alone = jnp.stack([jax.jit(loss_at)(k) for k in keys])
     np.testing.assert_allclose(batched, alone, rtol=1e-5)
+
+
+def test_trainer_runs_scanned_and_gives_the_unscanned_result():
+    from fp4lab import sweep
+    from fp4lab.train import Config
+
+    base = Config(task="markov", vocab=16, d_model=32, n_layers=3, n_heads=2, d_ff=64,
+                  seq_len=16, batch_size=4, steps=3, eval_batches=1, recipe="nvfp4",
+                  rules=((r"blocks\.1\..*", "bf16"),), telemetry_every=2)  # fmt: skip
+    cells = [base.replace(scan_layers=s).to_dict() for s in (False, True)]
+    runs = [sweep.compute_cell(c, [(0, 1, 2)]) for c in cells]
+    (a,), (b,) = runs
+    np.testing.assert_allclose(b["series"]["loss"], a["series"]["loss"], rtol=1e-5)
+    assert set(b["telemetry"]["metrics"]) == set(a["telemetry"]["metrics"])

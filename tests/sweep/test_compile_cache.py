@@ -1,0 +1,50 @@
+"""jax's persistent compilation cache: later processes load the program, results unchanged."""
+
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+SCRIPT = """
+import os, pickle, sys
+os.environ["JAX_PLATFORMS"] = "cpu"
+from fp4lab import sweep
+from fp4lab.sweep.compute import use_compile_cache
+from fp4lab.train import Config
+if sys.argv[1] != "off":
+    use_compile_cache(sys.argv[1], min_compile_seconds=0)
+cfg = Config(task="teacher", din=16, dout=16, teacher_hidden=(16,), hidden=(32,), batch_size=16,
+             steps=6, recipe="nvfp4", telemetry_every=3, eval_batches=1)
+out = sweep.compute_cell(cfg.to_dict(), [(0, 1, 2), (3, 4, 5)])
+for r in out:
+    r.pop("wall_s"); r["summary"].pop("compile_s")
+pickle.dump(out, open(sys.argv[2], "wb"))
+"""
+
+
+def _run(tmp_path, cache, name):
+    out = tmp_path / name
+    subprocess.run([sys.executable, "-c", SCRIPT, str(cache), str(out)], check=True, timeout=600)
+    return pickle.loads(out.read_bytes())
+
+
+def _leaves(runs):
+    for r in runs:
+        yield from r["summary"].values()
+        yield from r["series"].values()
+        yield from r["telemetry"]["metrics"].values()
+
+
+@pytest.mark.slow  # subprocesses
+def test_results_are_bit_identical_with_and_without_the_cache(tmp_path):
+    cache = tmp_path / "cache"
+    plain = _run(tmp_path, "off", "plain.pkl")
+    cold = _run(tmp_path, cache, "cold.pkl")
+    assert any(cache.iterdir())  # the first process wrote its programs
+    warm = _run(tmp_path, cache, "warm.pkl")  # ... and this one loads them
+    for other in (cold, warm):
+        for a, b in zip(_leaves(plain), _leaves(other), strict=True):
+            a, b = np.asarray(a), np.asarray(b)
+            assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
