@@ -22,6 +22,7 @@ from fp4lab.train import config as C
 
 __all__ = ["compute_cell", "clear_cache", "use_compile_cache", "default_compile_cache"]
 
+
 def default_compile_cache() -> Path:
     """Where `fp4lab run` keeps compiled programs: $XDG_CACHE_HOME/fp4lab/jax (default
     ~/.cache/fp4lab/jax)."""
