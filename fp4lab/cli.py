@@ -45,9 +45,21 @@ def _load_experiment(args):
     return sweep.load_experiment(args.experiment, seeds=args.seeds, steps=args.steps)
 
 
+def compile_cache_folder() -> Path:
+    """Where `fp4lab run` keeps compiled programs: $XDG_CACHE_HOME/fp4lab/jax, by default
+    ~/.cache/fp4lab/jax."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fp4lab" / "jax"
+
+
 def _run(args) -> int:
     from fp4lab import sweep
     from fp4lab.sweep import runner, store
+    from fp4lab.sweep.compute import use_compile_cache
+
+    if not args.no_compile_cache:
+        folder = args.compile_cache or compile_cache_folder()
+        use_compile_cache(folder)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)  # worker processes inherit it
 
     if args.executor == "ray" and not args.dry_run:
         from fp4lab.sweep import ray as ray_executor
@@ -253,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="recompute finished runs that another code version (fp4lab, git, jax) made",
     )
+    run.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        help=f"jax's persistent compilation cache (default {compile_cache_folder()}): "
+        "reruns and added seeds skip compiles; results are bit-identical without it",
+    )
+    run.add_argument("--no-compile-cache", action="store_true", help="compile every cell afresh")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--no-figures", action="store_true", help="do not write the figures")
     run.set_defaults(func=_run)

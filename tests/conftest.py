@@ -2,7 +2,8 @@
 
 Compiled programs are shared through jax's persistent cache in `.jax_cache/` inside the
 checkout (ignored by git; FP4LAB_TEST_COMPILE_CACHE=off turns it off, or names another folder),
-so the test workers and later runs of the tests skip compiles already made.
+so the test workers and later runs of the tests skip compiles already made. `fp4lab run`
+inside the tests keeps its own cache there too (XDG_CACHE_HOME).
 """
 
 import os
@@ -16,6 +17,8 @@ from fp4lab.sweep.compute import use_compile_cache  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
+_root = pathlib.Path(__file__).resolve().parents[1] / ".jax_cache"
+os.environ["XDG_CACHE_HOME"] = str(_root / "user")
 _cache = os.environ.get("FP4LAB_TEST_COMPILE_CACHE", "")
 if _cache != "off":
-    use_compile_cache(_cache or pathlib.Path(__file__).resolve().parents[1] / ".jax_cache")
+    use_compile_cache(_cache or _root)

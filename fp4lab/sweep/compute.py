@@ -20,14 +20,7 @@ import numpy as np
 
 from fp4lab.train import config as C
 
-__all__ = ["compute_cell", "clear_cache", "use_compile_cache", "default_compile_cache"]
-
-
-def default_compile_cache() -> Path:
-    """Where `fp4lab run` keeps compiled programs: $XDG_CACHE_HOME/fp4lab/jax (default
-    ~/.cache/fp4lab/jax)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "fp4lab" / "jax"
+__all__ = ["compute_cell", "clear_cache", "use_compile_cache"]
 
 
 def use_compile_cache(folder: str | os.PathLike, min_compile_seconds: float = 0.5) -> None:

@@ -48,3 +48,14 @@ def test_results_are_bit_identical_with_and_without_the_cache(tmp_path):
         for a, b in zip(_leaves(plain), _leaves(other), strict=True):
             a, b = np.asarray(a), np.asarray(b)
             assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+
+
+def test_run_uses_the_cache_by_default_and_says_where(capsys):
+    from fp4lab import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {cli.compile_cache_folder()})" in text
+    assert "--no-compile-cache" in text
+    assert str(cli.compile_cache_folder()).endswith("fp4lab/jax")
