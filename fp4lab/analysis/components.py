@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.analysis import crossed
-from fp4lab.analysis.frames import ok_runs
 from fp4lab.schema import STREAMS
 
 __all__ = ["variance_components", "reml_components", "stream_totals", "cell_draws"]
@@ -23,11 +22,16 @@ NAN = float("nan")
 METHODS = ("anova", "reml")
 
 
-def cell_draws(rows: pd.DataFrame, outcome: str, streams: Sequence[str], **kw):
-    """(y, layout) of the ok runs of one cell with a finite outcome, in layout order."""
-    ok = ok_runs(rows)
+def cell_draws(rows: pd.DataFrame, outcome: str, streams: Sequence[str]):
+    """The ok runs of one cell with a finite outcome: (outcomes, their crossed Layout, rows).
+
+    Args:
+      rows: the runs of one cell. outcome: the column. streams: the seed streams.
+    Returns:
+      (y, Layout, rows), y and the Layout's codes in the order of the rows.
+    """
+    ok = crossed.finite_runs(rows, outcome)
     y = ok[outcome].astype(np.float64).to_numpy()
-    ok, y = ok[np.isfinite(y)], y[np.isfinite(y)]
     return y, crossed.layout(ok, tuple(streams)), ok
 
 

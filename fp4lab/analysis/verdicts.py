@@ -91,7 +91,7 @@ def verdict(
     for i, (cell, rows) in enumerate(cells.items()):
         y, lay, _ = components.cell_draws(rows, outcome, streams)
         draws_ = None
-        if lay.balanced and min(lay.levels) >= crossed.MIN_LEVELS:
+        if lay.balanced and min(lay.levels, default=1) >= crossed.MIN_LEVELS:
             draws_ = crossed.gci_draws(y, lay, draws=draws, seed=seed + i)
         seed_var[cell] = float(np.var(y, ddof=1)) if len(y) > 1 else NAN
         random += _stream_rows(cell, y, lay, draws_, streams)
@@ -106,7 +106,10 @@ def verdict(
     for a, b in pairs:
         d, lay = crossed.paired_layout(cells[a], cells[b], outcome, streams)
         fixed.append(dict(factor=by, kind="fixed", term=f"{b} - {a}", d=d, lay=lay, a=a, b=b))
-    m = sum(r["lay"] is not None and min(r["lay"].levels) >= crossed.MIN_LEVELS for r in fixed)
+    m = sum(
+        r["lay"] is not None and min(r["lay"].levels, default=1) >= crossed.MIN_LEVELS
+        for r in fixed
+    )
     m += sum(r["draws"] is not None for r in random)
     row_level = 1 - (1 - level) / max(m, 1)
     rows = [_fixed_row(r, seed_var, row_level, draws, seed) for r in fixed]
@@ -141,7 +144,7 @@ def _stream_rows(cell, y, lay, gci, streams) -> list[dict]:
         done.add(name)
         base |= dict(factor=name, levels=lay.levels[i])
         if lay.levels[i] < crossed.MIN_LEVELS or (gci is None and lay.balanced):
-            fewest = min(lay.levels)
+            fewest = min(lay.levels, default=1)
             why = f"{fewest} level(s) of some stream in this cell; need {crossed.MIN_LEVELS}"
             rows.append(base | dict(reason="too few seeds", why=why))
         elif gci is None:
@@ -188,7 +191,7 @@ def _fixed_row(r: dict, seed_var: dict, row_level: float, draws: int, seed: int)
     if r["lay"] is None:
         return out | dict(verdict="no shared seeds", evidence="nothing to pair on")
     d, lay = r["d"], r["lay"]
-    fewest = min(lay.levels)
+    fewest = min(lay.levels, default=1)
     out["levels"] = fewest
     interval = crossed.mean_interval(d, lay, level=row_level, draws=draws, seed=seed)
     sd = np.sqrt((seed_var[r["a"]] + seed_var[r["b"]]) / 2)

@@ -108,3 +108,11 @@ def test_paired_difference_pairs_on_shared_streams():
     worse = table.loc["worse"]  # the same seed effects in both cells: they cancel exactly
     assert worse["pairs"] == 125 and worse["diff"] == pytest.approx(0.01)
     assert worse["verdict"] == "higher" and worse["diff_hi"] - worse["diff_lo"] < 1e-9
+
+
+def test_a_cell_of_one_run_and_a_contrast_of_one_pair_are_too_few_seeds():
+    runs = pd.concat([cell("a", levels=(1, 1, 1)), cell("b", levels=(3, 3, 3), rng=1)])
+    v = analysis.verdict(runs)
+    assert v.loc[v.kind == "fixed", "verdict"].tolist() == ["no shared seeds"]
+    assert set(v.loc[v.term == "a", "verdict"]) == {"not varied"}
+    assert v.attrs["comparisons"] == 3  # the three streams of cell b
