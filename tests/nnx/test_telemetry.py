@@ -13,7 +13,6 @@ from fp4lab.core import recipes
 from fp4lab.nnx import telemetry
 from fp4lab.nnx.rules import Rule, quantize_model
 from fp4lab.ops.dot_general import qdot_general
-from fp4lab.ops.plan import operand_keys
 
 STAT = {s: i for i, s in enumerate(telemetry.STATS)}
 
@@ -105,7 +104,7 @@ DN = (((1,), (0,)), ((), ()))
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4-h16"])
-def test_backward_statistics_through_the_channel_equal_direct_ones(name):
+def test_backward_statistics_through_the_channel_equal_direct_ones(name, documented_keys):
     recipe = recipes.get(name)
     x, w = _xw()
     key = jax.random.key(4)
@@ -117,7 +116,7 @@ def test_backward_statistics_through_the_channel_equal_direct_ones(name):
         return jnp.sum(y * g)
 
     _, _, bstats = jax.grad(f, (0, 1, 2))(x, w, probe)
-    ks = operand_keys(key)
+    ks = documented_keys(key)
     kd, kw = ks["dgrad_transform"], ks["wgrad_transform"]
     td, tw = recipe.transform("dgrad"), recipe.transform("wgrad")
     direct = [

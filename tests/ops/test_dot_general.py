@@ -10,7 +10,6 @@ import fp4lab as fl
 from fp4lab.core import recipes
 from fp4lab.ops.dot_general import qdot_general
 from fp4lab.ops.layout import DotLayout
-from fp4lab.ops.plan import operand_keys
 
 DN_2D = (((1,), (0,)), ((), ()))  # x (M, K) . w (K, N)
 DN_3D = (((2,), (0,)), ((), ()))  # x (B, T, K) . w (K, N), as nnx.Linear
@@ -113,7 +112,7 @@ def _fq(a, spec, axis, key=None, tkey=None):
 @pytest.mark.parametrize(
     "name", ["nvfp4", "mxfp4", "mxfp8", "fp8", "mxfp4-h16", "nvfp4-h-dgrad", "nvfp4-sr-weights"]
 )
-def test_quantized_backward_equals_a_hand_composed_reference(name):
+def test_quantized_backward_equals_a_hand_composed_reference(name, documented_keys):
     """Dgrad = Q(dy) Q(w)^T along N; Wgrad = Q(x)^T Q(dy) along M, each with its own spec."""
     recipe = recipes.get(name)
     x, w = _xw()  # (M, K), (K, N)
@@ -122,7 +121,7 @@ def test_quantized_backward_equals_a_hand_composed_reference(name):
     g = jax.random.normal(jax.random.key(3), y.shape)  # (M, N)
     dx, dw = vjp(g)
 
-    ks = operand_keys(key)
+    ks = documented_keys(key)
     kd, kw = ks["dgrad_transform"], ks["wgrad_transform"]
     # Dgrad contracts N: dy (M, N) along its last axis, w (K, N) along its last axis.
     dy_d = _fq(g, recipe.dgrad_dy, 1, ks["dgrad_dy"], kd)
@@ -156,7 +155,7 @@ def test_hadamard_on_an_unquantized_gemm_cancels():
     np.testing.assert_allclose(qdot_general(x, w, DN_2D, recipe), x @ w, rtol=1e-5, atol=1e-4)
 
 
-def test_stochastic_keys_differ_per_operand_and_call_and_reproduce():
+def test_stochastic_keys_differ_per_operand_and_call_and_reproduce(documented_keys):
     recipe = recipes.get("nvfp4")  # SR on gradients
     x, w = _xw()
 
@@ -167,7 +166,7 @@ def test_stochastic_keys_differ_per_operand_and_call_and_reproduce():
     for u, v in zip(a, b, strict=True):
         np.testing.assert_array_equal(u, v)
     assert not np.array_equal(a[1], c[1])
-    ks = operand_keys(jax.random.key(1))
+    ks = documented_keys(jax.random.key(1))
     datas = {n: tuple(np.asarray(jax.random.key_data(k)).ravel()) for n, k in ks.items()}
     assert len(set(datas.values())) == len(datas)
 
