@@ -53,6 +53,7 @@ __all__ = [
     "NUMERICS_VERSION",
     "SCHEMA",
     "CorruptRecord",
+    "ID_DEFAULTS",
     "Results",
     "Store",
     "StoreError",
@@ -69,6 +70,11 @@ __all__ = [
 # fixed bug in a quantizer, a different data sampler): every run id changes with it, so a rerun
 # recomputes everything and the older records become stale instead of being reused.
 NUMERICS_VERSION = 1
+# Config fields added after results were first stored, with the default that reproduces the
+# numbers from before the field existed: left out of the run id while they hold that default,
+# so adding a field does not turn every stored run stale. Add a field here when it is added
+# to Config with such a default; a field that changes numbers by default bumps NUMERICS_VERSION.
+ID_DEFAULTS: dict[str, Any] = {"scan_layers": False}
 _PACKAGES = ("fp4lab", "jax", "jaxlib", "flax", "optax", "ml_dtypes", "numpy")
 _DATA_FIELDS = {"text": "text_path"}  # task -> the config field naming its data file
 
@@ -95,8 +101,10 @@ def config_id(config: dict[str, Any], data: dict[str, str] | None = None) -> str
 def run_id(
     config: dict[str, Any], seeds: tuple[int, int, int], data: dict[str, str] | None = None
 ) -> str:
-    """The id of a run, 16 hex: sha256 of its resolved config, its seeds (init, data, quant),
-    the content hashes of its data files (`data_hashes`) and `NUMERICS_VERSION`."""
+    """The id of a run, 16 hex: sha256 of its resolved config (less the `ID_DEFAULTS` fields at
+    their defaults), its seeds (init, data, quant), the content hashes of its data files
+    (`data_hashes`) and `NUMERICS_VERSION`."""
+    config = {k: v for k, v in config.items() if k not in ID_DEFAULTS or v != ID_DEFAULTS[k]}
     payload = {"config": config, "seeds": [int(s) for s in seeds], "schema": 1}
     if data:
         payload["data"] = data
@@ -296,7 +304,7 @@ def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
         row = {"run_id": r["run_id"], "experiment": name, "cell": label}
         row["status"] = r["status"]
         row |= {col: seeds[s] for s, col in zip(STREAMS, SEED_COLUMNS, strict=True)}
-        row |= {k: _config_value(v) for k, v in r["config"].items()}
+        row |= {k: _config_value(v) for k, v in (ID_DEFAULTS | r["config"]).items()}
         row |= r.get("summary") or {}
         row["wall_s"] = r.get("wall_s", np.nan)
         rows.append(row)

@@ -13,6 +13,7 @@ import pytest
 
 from fp4lab import cli, sweep
 from fp4lab.sweep import records, store
+from fp4lab.train.config import Config
 
 BASE = """
 from fp4lab.train.config import Config
@@ -299,3 +300,13 @@ def test_without_a_manifest_ls_and_load_keep_configs_apart(tmp_path, capsys):
     text = capsys.readouterr().out
     assert text.count("ok 2  failed 0  missing 0") == 2 and "ok 4" not in text
     assert res.runs.groupby("cell").size().tolist() == [2, 2]
+
+
+def test_a_field_added_at_its_old_default_keeps_the_stored_run_ids():
+    new = Config(task="teacher").to_dict()
+    old = {k: v for k, v in new.items() if k not in store.ID_DEFAULTS}  # stored before them
+    assert store.run_id(new, (0, 0, 0)) == store.run_id(old, (0, 0, 0))
+    for field, default in store.ID_DEFAULTS.items():
+        assert new[field] == default
+        changed = new | {field: not default if isinstance(default, bool) else None}
+        assert store.run_id(changed, (0, 0, 0)) != store.run_id(new, (0, 0, 0))
