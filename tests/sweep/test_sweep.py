@@ -208,10 +208,12 @@ def test_a_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
 
 def test_no_pickle_in_results(tmp_path):
     path = write_experiment(tmp_path, 'add(recipe="fp32", telemetry_every=1)', steps=2)
-    sweep.run_experiment(sweep.load_experiment(path), tmp_path / "res", progress=False)
-    for f in (tmp_path / "res").rglob("*"):
-        if f.is_file():
-            json.loads(f.read_text())  # everything is JSON
+    exp = sweep.load_experiment(path)
+    sweep.run_experiment(exp, tmp_path / "res", progress=False)
+    files = [f for f in (tmp_path / "res").rglob("*") if f.is_file()]
+    assert len(list((tmp_path / "res" / "runs").glob("*.json"))) == exp.n_runs  # all written
+    for f in files:
+        json.loads(f.read_text())  # everything is JSON
 
 
 # ---------------------------------------------------------------------------------------------
