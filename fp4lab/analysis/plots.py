@@ -34,6 +34,17 @@ from matplotlib.ticker import PercentFormatter
 from fp4lab.analysis import factors, frames, tables
 from fp4lab.schema import GEMMS, GRAD_STATS, OPERANDS, SQRT3
 
+__all__ = [
+    "gradient_flow_heatmap",
+    "loss_curves",
+    "ladder",
+    "gnr_curves",
+    "format_staircase",
+    "iter_figures",
+    "standard_figures",
+    "DPI",
+]
+
 SIGNED = ("bias",)  # drawn with a diverging map centred at 0
 DPI = 150
 _LINESTYLES = ("-", "--", "-.", ":")

@@ -27,6 +27,8 @@ import pandas as pd
 
 from fp4lab.analysis import frames, plots, tables, verdicts
 
+__all__ = ["cell_table", "render", "write_report"]
+
 _CSS = """
 body { font: 15px/1.5 system-ui, sans-serif; max-width: 1150px; margin: 2em auto; padding: 0 1em;
        color: #1a1a1a; }
