@@ -50,7 +50,7 @@ from fp4lab import schema
 from fp4lab.core import recipes
 from fp4lab.models.transformer import Transformer, TransformerConfig
 from fp4lab.nnx.rules import Rule, quantize_model
-from fp4lab.rl import common as C
+from fp4lab.rl import common
 
 __all__ = [
     "GRPOConfig",
@@ -140,9 +140,9 @@ class GRPOConfig:
         )
         schema.check_number(name, "tis_cap", self.tis_cap, low=1, optional=True)
         for field in ("sampler_recipe", "trainer_recipe"):
-            C.check_recipe(name, field, getattr(self, field))
+            common.check_recipe(name, field, getattr(self, field))
         for field in ("sampler_rules", "trainer_rules"):
-            C.check_rules(name, field, getattr(self, field))
+            common.check_rules(name, field, getattr(self, field))
         schema.check_choice(name, "backward", self.backward, (None, *schema.BACKWARD_MODES))
         schema.check_choice(name, "backend", self.backend, schema.BACKENDS)
 
@@ -279,7 +279,7 @@ def _optimizer(config: GRPOConfig) -> optax.GradientTransformation:
     opt = optax.adam(config.lr) if config.optimizer == "adam" else optax.sgd(config.lr)
     if config.max_grad_norm is None:
         return opt
-    return optax.chain(C.clip_by_global_norm(config.max_grad_norm), opt)
+    return optax.chain(common.clip_by_global_norm(config.max_grad_norm), opt)
 
 
 def make_train(config: GRPOConfig):
@@ -290,27 +290,27 @@ def make_train(config: GRPOConfig):
     """
     L, A = config.prompt_len, config.answer_len
     P, G, B = config.prompts, config.group, config.batch
-    sampler_rules = C.build_rules(config.sampler_recipe, config.sampler_rules, pad=config.pad)
-    trainer_rules = C.build_rules(
+    sampler_rules = common.build_rules(config.sampler_recipe, config.sampler_rules, pad=config.pad)
+    trainer_rules = common.build_rules(
         config.trainer_recipe, config.trainer_rules, backward=config.backward, pad=config.pad
     )
     warm_tx = optax.adam(config.warmup_lr)
     tx = _optimizer(config)
 
     def train(keys) -> GRPOResult:
-        keys = C.as_keys(keys)
+        keys = common.as_keys(keys)
         k_quant_s, k_quant_t = jax.random.split(keys.quant)
         k_warm, k_grpo = jax.random.split(keys.data)
         trainer = Transformer(config.model, rngs=nnx.Rngs(keys.init))
         sampler = nnx.clone(trainer)
         quantize_model(sampler, sampler_rules, key=k_quant_s, backend=config.backend)
         quantize_model(trainer, trainer_rules, key=k_quant_t, backend=config.backend)
-        graph_s, _, qstate_s = C.split(sampler)
-        graph_t, params, qstate_t = C.split(trainer)
+        graph_s, _, qstate_s = common.split(sampler)
+        graph_t, params, qstate_t = common.split(trainer)
 
         def answer_logp(graphdef, params, qstate, tokens_BxS):
             """log pi(. | prefix) at the A answer positions, (B, A, V), and the new qstate."""
-            logits_BxTxV, qstate = C.apply(
+            logits_BxTxV, qstate = common.apply(
                 graphdef, params, qstate, lambda m: m(tokens_BxS[:, :-1])
             )
             return jax.nn.log_softmax(logits_BxTxV)[:, L : L + A], qstate
@@ -348,7 +348,7 @@ def make_train(config: GRPOConfig):
             def step(carry, j):
                 tokens_BxS, qstate, key = carry
                 key, k_tok = jax.random.split(key)
-                logits_BxTxV, qstate = C.apply(
+                logits_BxTxV, qstate = common.apply(
                     graph_s, params, qstate, lambda m: m(tokens_BxS[:, :-1])
                 )
                 # the same ops as the trainer's scoring (log_softmax over the whole B x T x V),
@@ -399,7 +399,7 @@ def make_train(config: GRPOConfig):
             (loss, (qstate_t, entropy)), grads = jax.value_and_grad(grpo_loss, has_aux=True)(
                 params, qstate_t, tokens_BxS, logp_old_BxA, adv_BxA
             )
-            norm = C.global_norm(grads)
+            norm = common.global_norm(grads)
             spike, median, norms_W = grad_spike(norms_W, i, norm, config.spike_factor)
             updates, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)

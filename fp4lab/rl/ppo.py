@@ -43,7 +43,7 @@ from fp4lab import schema
 from fp4lab.core import recipes
 from fp4lab.models.policy import ActorCritic
 from fp4lab.nnx.rules import Rule, quantize_model
-from fp4lab.rl import common as C
+from fp4lab.rl import common
 
 __all__ = [
     "PPOConfig",
@@ -112,8 +112,8 @@ class PPOConfig:
         if not hidden or any(not isinstance(w, int) or w < 1 for w in hidden):
             raise ValueError(f"{name}.hidden={self.hidden!r}; allowed: a tuple of ints >= 1")
         object.__setattr__(self, "hidden", hidden)
-        C.check_recipe(name, "recipe", self.recipe)
-        C.check_rules(name, "rules", self.rules)
+        common.check_recipe(name, "recipe", self.recipe)
+        common.check_rules(name, "rules", self.rules)
         schema.check_choice(name, "backend", self.backend, schema.BACKENDS)
         limit = self.max_episode_steps
         schema.check_number(name, "max_episode_steps", limit, integer=True, low=1, optional=True)
@@ -240,7 +240,7 @@ def make_train(config: PPOConfig):
     N, T = config.num_envs, config.num_steps
     n_updates = config.num_updates
     M = N * T // config.num_minibatches  # minibatch size
-    rules = C.build_rules(config.recipe, config.rules, pad=config.pad)
+    rules = common.build_rules(config.recipe, config.rules, pad=config.pad)
     steps_per_update = config.update_epochs * config.num_minibatches
 
     def lr_schedule(count):
@@ -248,27 +248,27 @@ def make_train(config: PPOConfig):
         return config.lr * frac if config.anneal_lr else config.lr
 
     tx = optax.chain(
-        C.clip_by_global_norm(config.max_grad_norm),
+        common.clip_by_global_norm(config.max_grad_norm),
         optax.adam(lr_schedule, eps=1e-5),
     )
 
-    def build(keys: C.Keys) -> nnx.Module:
+    def build(keys: common.Keys) -> nnx.Module:
         model = ActorCritic(obs_dim, n_actions, config.hidden, rngs=nnx.Rngs(keys.init))
         return quantize_model(model, rules, key=keys.quant, backend=config.backend)
 
     # the orthogonal initializer runs QRs: one seed at a time (see common.sequential_under_vmap)
-    init = C.sequential_under_vmap(lambda keys: C.split(build(keys))[1:])
-    graphdef = C.split(nnx.eval_shape(lambda: build(C.as_keys(jax.random.key(0)))))[0]
+    init = common.sequential_under_vmap(lambda keys: common.split(build(keys))[1:])
+    graphdef = common.split(nnx.eval_shape(lambda: build(common.as_keys(jax.random.key(0)))))[0]
 
     def train(keys) -> PPOResult:
-        keys = C.as_keys(keys)
+        keys = common.as_keys(keys)
         params, qstate = init(keys)
 
         def policy(params, qstate, obs_BxO):
-            return C.apply(graphdef, params, qstate, lambda m: m(obs_BxO))
+            return common.apply(graphdef, params, qstate, lambda m: m(obs_BxO))
 
         def critic(params, qstate, obs_BxO):
-            return C.apply(graphdef, params, qstate, lambda m: m.critic(obs_BxO)[..., 0])
+            return common.apply(graphdef, params, qstate, lambda m: m.critic(obs_BxO)[..., 0])
 
         def env_step(runner: Runner, _):
             key, k_act, k_env = jax.random.split(runner.key, 3)
@@ -352,7 +352,7 @@ def make_train(config: PPOConfig):
             grads, (qstate, stats) = jax.grad(loss_fn, has_aux=True)(params, qstate, mb)
             updates, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            stats["grad/norm"] = C.global_norm(grads)
+            stats["grad/norm"] = common.global_norm(grads)
             return (params, opt_state, qstate), stats
 
         def epoch(carry, key):
