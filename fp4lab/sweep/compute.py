@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fp4lab.train import config as C
+from fp4lab.train.config import Config
 
 __all__ = ["compute_cell", "clear_cache", "use_compile_cache"]
 
@@ -40,10 +40,10 @@ def use_compile_cache(folder: str | os.PathLike, min_compile_seconds: float = 0.
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-_COMPILED: dict[C.Config, tuple[Callable, float]] = {}
+_COMPILED: dict[Config, tuple[Callable, float]] = {}
 
 
-def clear_cache(config: C.Config | None = None) -> None:
+def clear_cache(config: Config | None = None) -> None:
     """Forgets this process's compiled cells (one config, or all), so the next call compiles."""
     if config is None:
         _COMPILED.clear()
@@ -51,7 +51,7 @@ def clear_cache(config: C.Config | None = None) -> None:
         _COMPILED.pop(config, None)
 
 
-def _compiled(cfg: C.Config, keys) -> tuple[Callable, float]:
+def _compiled(cfg: Config, keys) -> tuple[Callable, float]:
     """jit(vmap(train)) compiled for `cfg` (cached per process), and its compile seconds."""
     import jax
 
@@ -78,7 +78,7 @@ def compute_cell(config: dict[str, Any], seeds: list[tuple[int, int, int]]) -> l
     from fp4lab.train import tasks, trainer
     from fp4lab.train.summary import summarize
 
-    cfg = C.Config.from_dict(config)
+    cfg = Config.from_dict(config)
     task = tasks.make_task(cfg)
     out = []
     width = cfg.seed_batch

@@ -34,7 +34,7 @@ from typing import Any
 
 from fp4lab.schema import STREAMS
 from fp4lab.sweep.store import data_hashes, run_id
-from fp4lab.train import config as C
+from fp4lab.train.config import Config, ConfigError, make
 
 __all__ = ["Cell", "Experiment", "ExperimentError", "load_experiment", "seed_triples"]
 
@@ -49,7 +49,7 @@ class Cell:
 
     label: str
     overrides: dict[str, Any]
-    config: C.Config
+    config: Config
     seeds: tuple[tuple[int, int, int], ...]
     where: str = ""  # file:line of the add() call
     data: dict[str, str] = dataclasses.field(default_factory=dict)  # data file hashes
@@ -64,7 +64,7 @@ class Cell:
 class Experiment:
     name: str
     path: str
-    base: C.Config
+    base: Config
     cells: tuple[Cell, ...]
     # the file's optional analyze(results) -> {name: DataFrame}, run by `fp4lab run` at the end
     analyze: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
@@ -120,7 +120,7 @@ def _label(overrides: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in overrides.items()) or "base"
 
 
-def _data(cfg: C.Config) -> dict[str, str]:
+def _data(cfg: Config) -> dict[str, str]:
     try:
         return data_hashes(cfg.to_dict())
     except OSError as e:
@@ -149,12 +149,12 @@ def load_experiment(
             )
     try:
         base = module.get_config()
-        base = C.make(base) if isinstance(base, dict) else base
-    except C.ConfigError as e:
+        base = make(base) if isinstance(base, dict) else base
+    except ConfigError as e:
         raise ExperimentError(f"{path}: get_config(): {e}") from e
     except Exception as e:
         raise ExperimentError(f"{path}: get_config() raised {type(e).__name__}: {e}") from e
-    if not isinstance(base, C.Config):
+    if not isinstance(base, Config):
         raise ExperimentError(f"{path}: get_config() returned {type(base).__name__}; need Config")
     if steps is not None:
         base = base.replace(steps=steps)
@@ -169,11 +169,11 @@ def load_experiment(
         try:
             if steps is not None:
                 overrides.pop("steps", None)
-            cfg = C.make(overrides, base)
+            cfg = make(overrides, base)
             chosen = next(s for s in (forced_seeds, seeds, default_seeds) if s is not None)
             triples = seed_triples(chosen)
             data = _data(cfg)
-        except (C.ConfigError, ExperimentError) as e:
+        except (ConfigError, ExperimentError) as e:
             raise ExperimentError(f"{where}: cell {_label(overrides)}: {e}") from e
         cells.append(Cell(label or _label(overrides), dict(overrides), cfg, triples, where, data))
 

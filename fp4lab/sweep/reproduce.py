@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fp4lab.sweep import store as S
+from fp4lab.sweep import store as results_store
 from fp4lab.sweep.compute import compute_cell
 from fp4lab.sweep.experiment import ExperimentError
 
@@ -48,17 +48,17 @@ def reproduce(folder: str | os.PathLike, run_id: str, *, check: bool = True) -> 
       ReproductionError: no valid record with that id; a data file whose content changed; a
         record of another numerics version; or (with `check`) a number that differs.
     """
-    store = S.Store(folder)
+    store = results_store.Store(folder)
     record = store.read(run_id)
     if record is None:
         raise ReproductionError(f"{store.file(run_id)}: no valid record of run {run_id!r}")
-    if record.get("numerics", 1) != S.NUMERICS_VERSION:  # schema 1 records: version 1
+    if record.get("numerics", 1) != results_store.NUMERICS_VERSION:  # schema 1 records: version 1
         raise ReproductionError(
             f"run {run_id} was made with numerics version {record.get('numerics')!r}; this fp4lab "
-            f"computes version {S.NUMERICS_VERSION}, so its numbers differ on purpose"
+            f"computes version {results_store.NUMERICS_VERSION}, so its numbers differ on purpose"
         )
     try:
-        data = S.data_hashes(record["config"])
+        data = results_store.data_hashes(record["config"])
     except OSError as e:
         raise ReproductionError(f"run {run_id}: cannot read its data file ({e})") from e
     if data != (record.get("data") or {}):

@@ -25,7 +25,7 @@ from pathlib import Path
 from fp4lab.schema import STREAMS
 from fp4lab.sweep import executors
 from fp4lab.sweep import ray as ray_executor
-from fp4lab.sweep import store as S
+from fp4lab.sweep import store as results_store
 from fp4lab.sweep.compute import compute_cell
 from fp4lab.sweep.executors import Compute
 from fp4lab.sweep.experiment import Cell, Experiment, ExperimentError
@@ -91,7 +91,10 @@ class FolderTaken(ExperimentError):
 
 
 def pending(
-    experiment: Experiment, store: S.Store, rerun_stale: bool = False, code: str | None = None
+    experiment: Experiment,
+    store: results_store.Store,
+    rerun_stale: bool = False,
+    code: str | None = None,
 ) -> list[tuple[Cell, list]]:
     """[(cell, seeds not yet finished)] for every cell with work left. With `rerun_stale`,
     finished runs whose record another code version made (`store.code_version` differs from
@@ -102,7 +105,11 @@ def pending(
         for s, rid in zip(cell.seeds, cell.run_ids(), strict=True):
             record = store.read(rid)
             done = record is not None and record["status"] == "ok"
-            if done and rerun_stale and S.code_version(record.get("provenance")) != code:
+            if (
+                done
+                and rerun_stale
+                and results_store.code_version(record.get("provenance")) != code
+            ):
                 done = False
             if not done:
                 left.append(s)
@@ -120,7 +127,7 @@ def batches(todo: list[tuple[Cell, list]]) -> list[tuple[Cell, list]]:
     return out
 
 
-def check_owner(experiment: Experiment, store: S.Store, force: bool) -> None:
+def check_owner(experiment: Experiment, store: results_store.Store, force: bool) -> None:
     """Raises FolderTaken when the folder holds another experiment's runs (unless `force`)."""
     if force:
         return
@@ -143,14 +150,14 @@ def _records(experiment, cell, seeds, results, error=None, prov=None) -> Iterabl
     cfg = cell.config.to_dict()
     for i, s in enumerate(seeds):
         rec = {
-            "run_id": S.run_id(cfg, s, cell.data),
+            "run_id": results_store.run_id(cfg, s, cell.data),
             "experiment": experiment.name,
             "cell": cell.label,
             "overrides": cell.overrides,
             "config": cfg,
             "seeds": dict(zip(STREAMS, (int(v) for v in s), strict=True)),
             "data": cell.data,
-            "numerics": S.NUMERICS_VERSION,
+            "numerics": results_store.NUMERICS_VERSION,
             "provenance": prov,
         }
         if error is None:
@@ -196,10 +203,10 @@ def run_experiment(
         raise ExperimentError(f"executor={executor!r}; allowed: {', '.join(EXECUTORS)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ExperimentError(f"workers={workers!r}; must be an int >= 1")
-    store = S.Store(out)
+    store = results_store.Store(out)
     check_owner(experiment, store, force)
-    prov = S.provenance()
-    todo = pending(experiment, store, rerun_stale, S.code_version(prov))
+    prov = results_store.provenance()
+    todo = pending(experiment, store, rerun_stale, results_store.code_version(prov))
     store.write_experiment(experiment.manifest())
     work = batches(todo)
     n_todo = sum(len(s) for _, s in todo)

@@ -46,8 +46,17 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.schema import SEED_COLUMNS, STREAMS
-from fp4lab.sweep import records as R
-from fp4lab.sweep.records import SCHEMA, CorruptRecord, StoreError
+from fp4lab.sweep.records import (
+    SCHEMA,
+    CorruptRecord,
+    StoreError,
+    canonical,
+    read_json,
+    read_record,
+    seal,
+    warn_bad,
+    write_atomic,
+)
 
 __all__ = [
     "NUMERICS_VERSION",
@@ -95,7 +104,7 @@ def config_id(config: dict[str, Any], data: dict[str, str] | None = None) -> str
     """A 12-hex hash of what decides a run's numbers except its seeds: its config, data
     hashes and numerics version (runs of one cell share it)."""
     payload = {"config": config, "data": data or {}, "numerics": NUMERICS_VERSION}
-    return hashlib.sha256(R.canonical(payload).encode()).hexdigest()[:12]
+    return hashlib.sha256(canonical(payload).encode()).hexdigest()[:12]
 
 
 def run_id(
@@ -110,7 +119,7 @@ def run_id(
         payload["data"] = data
     if NUMERICS_VERSION != 1:  # version 1 left out: the ids of the first stored results stay
         payload["numerics"] = NUMERICS_VERSION
-    return hashlib.sha256(R.canonical(payload).encode()).hexdigest()[:16]
+    return hashlib.sha256(canonical(payload).encode()).hexdigest()[:16]
 
 
 def _git(*args: str) -> str:
@@ -174,7 +183,7 @@ class Store:
         f = self.file(rid)
         if not f.exists():
             return None
-        return R.read_record(f)
+        return read_record(f)
 
     def finished(self, rid: str) -> bool:
         """Whether `rid` has a valid record with status "ok" (failed runs are retried)."""
@@ -183,20 +192,20 @@ class Store:
 
     def write(self, record: dict[str, Any]) -> Path:
         """Writes one run record atomically (its schema and checksum added)."""
-        body, text = R.seal(record)
+        body, text = seal(record)
         f = self.file(body["run_id"])
-        R.write_atomic(f, text)
+        write_atomic(f, text)
         return f
 
     def write_experiment(self, manifest: dict[str, Any]) -> None:
-        R.write_atomic(self.path / "experiment.json", json.dumps(manifest, indent=1))
+        write_atomic(self.path / "experiment.json", json.dumps(manifest, indent=1))
 
     def experiment(self) -> dict[str, Any] | None:
         """The manifest, or None when absent or bad (bad: one warning naming what is wrong)."""
         f = self.path / "experiment.json"
         if not f.exists():
             return None
-        body, why = R.read_json(f)
+        body, why = read_json(f)
         if why is None and not (
             isinstance(body, dict)
             and isinstance(body.get("name"), str)
@@ -207,7 +216,7 @@ class Store:
         ):
             why = "not an experiment manifest (needs name and cells with run_ids)"
         if why is not None:
-            R.warn_bad(f, f"bad experiment manifest, ignored: {why}")
+            warn_bad(f, f"bad experiment manifest, ignored: {why}")
             return None
         return body
 
@@ -217,7 +226,7 @@ class Store:
             return []
         out = []
         for f in sorted(self.runs_dir.glob("*.json")):
-            record = R.read_record(f)
+            record = read_record(f)
             if record is not None:
                 out.append(record)
         return out
