@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp4lab.core import recipes
-from fp4lab.ops import native, scaffold
+from fp4lab.ops import layout, native, scaffold
 from fp4lab.ops.layout import DotLayout
 from fp4lab.ops.plan import Gemm, operand_keys, resolve_recipe
 
@@ -89,10 +89,14 @@ class DotGemm(Gemm):
             w3 = lay.rhs_to(rhs)
             dx3 = native.native_matmul(dy3, _swap(w3), r.dgrad_dy, r.dgrad_w, matmul=self.matmul)
             dx = lay.lhs_from(dx3.astype(lhs.dtype))
-        if self.backends[2] == "native":
-            x3 = lay.lhs_to(lhs)
+        if self.backends[2] == "native":  # token-padded like the simulated Wgrad (exact)
+            x3, dy3_w = lay.lhs_to(lhs), dy3
+            tokens = x3.shape[1]
+            padded = self.token_padding(lay, tokens)
+            if padded != tokens:
+                x3, dy3_w = (layout.pad_tokens(a, 1, padded) for a in (x3, dy3))
             dw3 = native.native_matmul(
-                _swap(dy3), _swap(x3), r.wgrad_dy, r.wgrad_x, matmul=self.matmul
+                _swap(dy3_w), _swap(x3), r.wgrad_dy, r.wgrad_x, matmul=self.matmul
             )
             dw = lay.rhs_from(dw3.astype(rhs.dtype))
         return dx, dw, stats

@@ -236,3 +236,24 @@ def test_native_gpu_benchmark_cpu_check_passes():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "parity within 1e-05: all ok" in result.stdout
     assert result.stdout.count("| ok |") == 6  # 3 kinds x 2 shapes, every GEMM within 1e-5
+
+
+def test_native_wgrad_pads_a_token_count_the_blocks_do_not_divide():
+    # 4 sequences of 31 predicted tokens: 124 tokens, not a multiple of a 16- or 32-block.
+    # Per-tensor FP8 has no blocks, so check the padding with the reference matmul on MXFP8.
+    x = jax.random.normal(jax.random.key(0), (4, 31, 64))
+    w = jax.random.normal(jax.random.key(1), (64, 32))
+    recipe = _all_six(MX8)
+
+    def grads(backends):
+        gemm = DotGemm(
+            recipe=recipe, dimension_numbers=DN, backends=backends, matmul=native.reference_matmul
+        )
+        y, vjp = jax.vjp(lambda a, b: scaffold.apply(gemm, a, b, (jax.random.key(0), {})), x, w)
+        return vjp(_cotangent(y.shape))
+
+    sim = grads(("simulated",) * 3)
+    nat = grads(("simulated", "simulated", "native"))
+    np.testing.assert_array_equal(nat[0], sim[0])  # Dgrad untouched
+    scale = float(jnp.abs(sim[1]).max())
+    np.testing.assert_allclose(nat[1], sim[1], rtol=1e-5, atol=1e-5 * scale)
