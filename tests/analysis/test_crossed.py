@@ -6,34 +6,18 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from crossed_design import COMPONENTS, crossed_cell  # tests/analysis/crossed_design.py
 
 from fp4lab import analysis
 from fp4lab.analysis import crossed
 
 # component order of a three-stream layout: init, data, quant, init:data, init:quant,
 # data:quant, residual (the init:data:quant interaction)
-NAMES = ["init", "data", "quant", "init:data", "init:quant", "data:quant", "residual"]
+NAMES = list(COMPONENTS)
 
 
 def crossed_runs(levels=(4, 4, 4), sd=(1, 0.7, 0.5, 0.5, 0.8, 0.3, 0.4), rng=0, cell="c"):
-    """One cell of a crossed design y = sum of independent normal terms, one per component."""
-    gen = np.random.default_rng(rng)
-    a, b, c = levels
-    i, j, k = (x.ravel() for x in np.meshgrid(range(a), range(b), range(c), indexing="ij"))
-    terms = [
-        gen.normal(size=a)[i],
-        gen.normal(size=b)[j],
-        gen.normal(size=c)[k],
-        gen.normal(size=(a, b))[i, j],
-        gen.normal(size=(a, c))[i, k],
-        gen.normal(size=(b, c))[j, k],
-        gen.normal(size=a * b * c),
-    ]
-    y = sum(s * t for s, t in zip(sd, terms, strict=True))
-    return pd.DataFrame(
-        dict(run_id=[f"{cell}{n}" for n in range(len(y))], cell=cell, status="ok", loss_gap=y)
-        | dict(seed_init=i, seed_data=j, seed_quant=k)
-    )
+    return crossed_cell(cell, levels, sd, rng)
 
 
 def test_layout_drops_constant_streams_and_merges_aliased_ones():

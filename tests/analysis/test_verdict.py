@@ -5,34 +5,15 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from crossed_design import crossed_cell  # tests/analysis/crossed_design.py
 
 from fp4lab import analysis
 
 
 def cell(name, levels=(5, 5, 5), offset=0.0, sd=None, rng=0, interaction=None):
-    """One cell of a crossed design: independent normal terms per component (see sd order:
-    init, data, quant, init:data, init:quant, data:quant, residual); `interaction` adds a
-    planted init x quant table."""
+    """A crossed cell with small stream SDs by default (init, data, init:data and residual)."""
     sd = sd or (0.01, 0.01, 0.0, 0.005, 0.0, 0.0, 0.005)
-    gen = np.random.default_rng(rng)
-    a, b, c = levels
-    i, j, k = (x.ravel() for x in np.meshgrid(range(a), range(b), range(c), indexing="ij"))
-    terms = [
-        gen.normal(size=a)[i],
-        gen.normal(size=b)[j],
-        gen.normal(size=c)[k],
-        gen.normal(size=(a, b))[i, j],
-        gen.normal(size=(a, c))[i, k],
-        gen.normal(size=(b, c))[j, k],
-        gen.normal(size=a * b * c),
-    ]
-    y = offset + sum(s * t for s, t in zip(sd, terms, strict=True))
-    if interaction is not None:
-        y = y + interaction * gen.normal(size=(a, c))[i, k]
-    return pd.DataFrame(
-        dict(run_id=[f"{name}{n}" for n in range(len(y))], cell=name, status="ok", loss_gap=y)
-        | dict(seed_init=i, seed_data=j, seed_quant=k)
-    )
+    return crossed_cell(name, levels, sd, rng, offset, interaction)
 
 
 def test_verdict_has_the_columns_and_counts_the_family():
