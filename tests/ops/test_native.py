@@ -235,7 +235,7 @@ def test_native_gpu_benchmark_cpu_check_passes():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "parity within 1e-05: all ok" in result.stdout
-    assert result.stdout.count("| ok |") == 6  # 3 kinds x 2 shapes, every GEMM within 1e-5
+    assert result.stdout.count("| ok |") == 3  # one row per kind: every GEMM within 1e-5
 
 
 def test_native_wgrad_pads_a_token_count_the_blocks_do_not_divide():
