@@ -87,13 +87,15 @@ def _dicts_equal(a: dict, b: dict) -> bool:
 
 
 def _compare(run_id: str, record: dict, fresh: dict) -> None:
-    """Raises ReproductionError naming the first value that differs."""
+    """Raises ReproductionError naming the first value that differs. An output the record does
+    not have (a newer summary field, e.g. eval_hp in records older than it) is not compared;
+    one the record has and the fresh run lacks is a difference."""
     for part in ("series", "telemetry", "summary"):
         stored, new = record.get(part) or {}, fresh.get(part) or {}
         if part == "summary":
             stored = {k: v for k, v in stored.items() if k not in _TIMINGS}
             new = {k: v for k, v in new.items() if k not in _TIMINGS}
-        for key in sorted(set(stored) | set(new)):
+        for key in sorted(stored):
             if not _equal(stored.get(key), new.get(key)):
                 a, b = stored.get(key), new.get(key)
                 show = f"{a} vs {b}" if _scalar(a) and _scalar(b) else "arrays differ"

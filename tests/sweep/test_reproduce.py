@@ -46,3 +46,21 @@ def test_reproduce_gives_the_stored_bits_and_flags_a_difference(tmp_path):
         sweep.reproduce(out, rid)
     with pytest.raises(sweep.ReproductionError, match="no valid record"):
         sweep.reproduce(out, "0" * 16)
+
+
+def test_an_output_the_record_predates_is_not_compared_but_a_missing_one_is(tmp_path):
+    path = tmp_path / "exp.py"
+    path.write_text(textwrap.dedent(EXPERIMENT).replace("seeds=3", "seeds=1"))
+    out = tmp_path / "res"
+    sweep.run_experiment(sweep.load_experiment(path), out, progress=False)
+    (rid,) = store.load(out).runs["run_id"]
+    f = store.Store(out).file(rid)
+    body = json.loads(f.read_text())
+    del body["checksum"], body["schema"]
+    del body["summary"]["eval_hp"]  # a record older than the eval_hp output
+    f.write_text(records.seal(body)[1])
+    assert sweep.reproduce(out, rid)["summary"]["eval_hp"] > 0
+    body["summary"]["no_such_output"] = 1.0  # the record has it, the code does not
+    f.write_text(records.seal(body)[1])
+    with pytest.raises(sweep.ReproductionError, match="no_such_output"):
+        sweep.reproduce(out, rid)
