@@ -93,6 +93,14 @@ def _seam(module) -> tuple[str, str] | None:
     return None
 
 
+def _seams(model):
+    """(path, module, op, attribute) of every quantizable seam of `model`, in graph order."""
+    for path, module in nnx.iter_modules(model):
+        seam = _seam(module)
+        if seam is not None:
+            yield path, module, *seam
+
+
 def _dotted(path) -> str:
     return ".".join(str(p) for p in path)
 
@@ -131,11 +139,7 @@ def quantize_model(
         return False, None
 
     targets = []
-    for path, module in nnx.iter_modules(model):
-        seam = _seam(module)
-        if seam is None:
-            continue
-        op, attr = seam
+    for path, module, op, attr in _seams(model):
         dotted = _dotted(path)
         stack = _stack_of(model, path, module)
         if stack is None:
@@ -215,11 +219,7 @@ def describe(model: nnx.Module):
     import pandas as pd
 
     rows = []
-    for path, module in nnx.iter_modules(model):
-        seam = _seam(module)
-        if seam is None:
-            continue
-        op, attr = seam
+    for path, module, op, attr in _seams(model):
         current = getattr(module, attr)
         if isinstance(current, QuantizedOp) and current.layers:
             for layer, recipe in current.layers:
@@ -266,8 +266,7 @@ def backend_report(model: nnx.Module):
 
 def unquantize(model: nnx.Module) -> nnx.Module:
     """Restores every seam quantize_model replaced, in place."""
-    for _, module in nnx.iter_modules(model):
-        seam = _seam(module)
-        if seam is not None and isinstance(getattr(module, seam[1]), QuantizedOp):
-            setattr(module, seam[1], nnx.static(getattr(module, seam[1]).original))
+    for _, module, _, attr in _seams(model):
+        if isinstance(getattr(module, attr), QuantizedOp):
+            setattr(module, attr, nnx.static(getattr(module, attr).original))
     return model
