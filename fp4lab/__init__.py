@@ -6,12 +6,13 @@ stay fast and a worker process loads only what it runs.
 
     formats and tensors   QuantSpec, nvfp4, mxfp4, mxfp8, fp8, cast_spec, Hadamard, QTensor,
                           quantize, quantize_dequantize, fake_quant, format_names, get_format
-    GEMMs                 GemmRecipe, recipes (get, names, doc), qdot_general,
+    GEMMs                 GemmRecipe, recipes (get, names, doc, register), qdot_general,
                           qconv_general_dilated
     models                Rule, quantize_model, describe, backend_report, unquantize,
                           telemetry
     runs                  Config, make_keys, make_train, train, sweep, load
     analysis              analysis (plots and report are its submodules)
+    models and tasks      models (plain Flax NNX models), data (synthetic tasks)
 """
 
 import importlib

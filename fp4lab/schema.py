@@ -7,18 +7,22 @@
     BACKENDS       how the GEMMs run: simulated (the reference), native, auto
     STATS          per-operand quantization statistics, in the order of the telemetry vectors;
                    FWD_OPERANDS / BWD_OPERANDS the (gemm, operand) rows of the forward and backward
-                   tables; GRAD_STATS the per-parameter shadow statistics
+                   tables; GRAD_STATS the per-parameter shadow statistics; ACC_STATS the
+                   accumulated-drift statistics of an op's output (fwd) and its cotangent (bwd)
     SQRT3          the gradient-to-noise threshold of Chmiel et al. 2025 (arXiv 2505.19115)
 
 Metric keys are flat "/"-separated strings that map one to one onto tidy rows:
 
     quant/<layer>/<gemm>/<operand>/<stat>      a quantized operand's statistic
     grad/<layer>/<stat>                        a parameter gradient against the exact shadow
+    acc/<layer>/<direction>/<stat>             an op's output (fwd) or output cotangent (bwd)
+                                               against the high-precision shadow's
+    depth/<layer>                              the layer's position in the forward's order
 
-`quant_key`, `grad_key` build them and `parse_key` reads them back. `check_choice` is the one
-validator every config class uses for its named fields, `check_number` for its numeric ones
-(type, finiteness and range), and `did_you_mean` the "did you mean" hint both add to a misspelled
-name.
+`quant_key`, `grad_key`, `acc_key` build them and `parse_key` reads them back. `check_choice` is
+the one validator every config class uses for its named fields, `check_number` for its numeric
+ones (type, finiteness and range), and `did_you_mean` the "did you mean" hint both add to a
+misspelled name.
 """
 
 from __future__ import annotations
@@ -40,14 +44,19 @@ __all__ = [
     "FWD_OPERANDS",
     "BWD_OPERANDS",
     "GRAD_STATS",
+    "ACC_STATS",
+    "ACC_OPERANDS",
     "SQRT3",
     "MetricKey",
     "operand_name",
     "quant_key",
     "grad_key",
+    "acc_key",
+    "depth_key",
     "parse_key",
     "check_choice",
     "check_number",
+    "check_fields",
     "did_you_mean",
 ]
 
@@ -71,13 +80,18 @@ STATS = ("rel_err", "bias", "flush", "saturated", "underflow", "map4")
 FWD_OPERANDS = (("fprop", "x"), ("fprop", "w"))
 BWD_OPERANDS = (("dgrad", "dy"), ("dgrad", "w"), ("wgrad", "x"), ("wgrad", "dy"))
 GRAD_STATS = ("cos", "rel_norm", "gnr", "below_sqrt3")
+# accumulated drift against the high-precision shadow: fwd of the op's output y, bwd of the
+# cotangent dy arriving at it; "local" is the error the op alone adds when fed the shadow's input
+ACC_STATS = {"fwd": ("rel_drift", "local"), "bwd": ("rel_drift", "cos")}
+ACC_OPERANDS = {"fwd": "y", "bwd": "dy"}  # what each direction compares (a tidy row's operand)
 SQRT3 = math.sqrt(3.0)  # training stalls below ||g|| / ||g_q - g|| = sqrt(3) (Chmiel et al. 2025)
 
 
 class MetricKey(NamedTuple):
-    """A parsed metric key; `grad/` keys have gemm "wgrad" and operand "grad"."""
+    """A parsed metric key; `grad/` keys have gemm "wgrad" and operand "grad", `acc/` keys the
+    direction ("fwd" | "bwd") as gemm and what it compares ("y" | "dy") as operand."""
 
-    kind: str  # "quant" | "grad"
+    kind: str  # "quant" | "grad" | "acc"
     layer: str
     gemm: str
     operand: str
@@ -92,9 +106,20 @@ def grad_key(layer: str, stat: str) -> str:
     return f"grad/{layer}/{stat}"
 
 
+def acc_key(layer: str, direction: str, stat: str) -> str:
+    return f"acc/{layer}/{direction}/{stat}"
+
+
+def depth_key(layer: str) -> str:
+    """The key of a layer's depth: its position in the forward's order of quantized ops."""
+    return f"depth/{layer}"
+
+
 def parse_key(key: str) -> MetricKey | None:
-    """The parts of a `quant/...` or `grad/...` key; None for any other key."""
+    """The parts of a `quant/...`, `grad/...` or `acc/...` key; None for any other key."""
     parts = key.split("/")
+    if parts[0] == "acc" and len(parts) == 4 and parts[2] in ACC_OPERANDS:
+        return MetricKey("acc", parts[1], parts[2], ACC_OPERANDS[parts[2]], parts[3])
     if parts[0] == "quant" and len(parts) == 5:
         return MetricKey(*parts)
     if parts[0] == "grad" and len(parts) == 3:
@@ -114,6 +139,19 @@ def check_choice(
     if not ok:
         hint = did_you_mean(value, allowed)
         raise error(f"{owner}.{field}={value!r}; allowed: {', '.join(map(repr, allowed))}{hint}")
+
+
+def check_fields(owner: str, value: Any, allowed) -> dict:
+    """`value` as a dict of `owner`'s fields (plain JSON read back): a ValueError for anything
+    but a dict, and for unknown field names (each with a "did you mean" hint)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{owner}: expected a dict of its fields, got {value!r}")
+    allowed = list(allowed)
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        hint = "".join(did_you_mean(u, allowed) for u in unknown)
+        raise ValueError(f"{owner} has no field {unknown}; allowed: {', '.join(allowed)}{hint}")
+    return dict(value)
 
 
 def did_you_mean(name: Any, allowed) -> str:

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fp4lab.schema import check_fields
 
 __all__ = ["Hadamard", "sylvester", "rotate", "unrotate"]
 
@@ -47,6 +50,8 @@ class Hadamard:
     signs: str | tuple = "none"  # "none" | "random" | tuple of +-1
 
     def __post_init__(self):
+        if isinstance(self.size, bool) or not isinstance(self.size, int):
+            raise ValueError(f"Hadamard.size={self.size!r}; allowed: a power of two")
         sylvester(self.size)  # validates the size
         if isinstance(self.signs, str):
             if self.signs not in ("none", "random"):
@@ -54,7 +59,10 @@ class Hadamard:
                     f"Hadamard.signs={self.signs!r}; allowed: 'none', 'random' or a tuple of +-1"
                 )
         else:
-            signs = tuple(float(s) for s in self.signs)
+            try:
+                signs = tuple(float(s) for s in self.signs)
+            except (TypeError, ValueError):
+                signs = ()
             if len(signs) != self.size or any(s not in (1.0, -1.0) for s in signs):
                 raise ValueError(
                     f"Hadamard.signs must hold {self.size} values of +-1, got {self.signs!r}"
@@ -66,6 +74,21 @@ class Hadamard:
         """A Hadamard with one random sign vector, fixed by `seed` (reproducible, hashable)."""
         rng = np.random.default_rng(seed)
         return cls(size, tuple(rng.choice([-1.0, 1.0], size)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: {"size": n, "signs": "none" | "random" | [+-1.0, ...]}; `from_dict`
+        inverts it."""
+        signs = self.signs if isinstance(self.signs, str) else list(self.signs)
+        return {"size": self.size, "signs": signs}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Hadamard:
+        """The rotation `to_dict` wrote (a missing field takes its default).
+
+        Raises:
+          ValueError: not a dict, an unknown field (named) or a bad value.
+        """
+        return cls(**check_fields("Hadamard", d, [f.name for f in dataclasses.fields(cls)]))
 
     @property
     def needs_key(self) -> bool:

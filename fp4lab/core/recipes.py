@@ -15,13 +15,19 @@ Each operand is quantized along its own GEMM's contraction axis (Wgrad along the
     "high_precision"  the original operands (straight-through)
 
 A Hadamard in either spec of a GEMM rotates both of its operands (it then cancels exactly).
-Recipes are values: printable, comparable, hashable; `recipe.replace(...)` makes variants.
+Recipes are values: printable, comparable, hashable; `recipe.replace(...)` makes variants,
+`override(recipe, {"wgrad": "bf16", "dgrad_dy": spec})` replaces the specs of whole GEMMs or of
+single operands, and `to_dict` / `from_dict` give and read their plain JSON (what a run record
+stores). The built-in recipes below are reached by name (`get`, `names`, `doc`); an experiment
+file or a notebook can name its own with `register`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from fp4lab import schema
 from fp4lab.core import spec as specs
@@ -29,9 +35,21 @@ from fp4lab.core.hadamard import Hadamard
 from fp4lab.core.spec import QuantSpec
 from fp4lab.schema import BACKWARD_MODES, GEMMS, OPERANDS
 
-__all__ = ["GemmRecipe", "get", "names", "doc", "nvfp4_ablation"]
+__all__ = [
+    "GemmRecipe",
+    "get",
+    "names",
+    "doc",
+    "register",
+    "unregister",
+    "builtin_names",
+    "builtin_name",
+    "override",
+    "nvfp4_ablation",
+]
 
-_REGISTRY: dict[str, Callable[[], GemmRecipe]] = {}
+_REGISTRY: dict[str, Callable[[], GemmRecipe]] = {}  # the built-in recipes of this module
+_REGISTERED: dict[str, tuple[GemmRecipe, str]] = {}  # register(): name -> (recipe, doc)
 
 
 def _register(name: str):
@@ -103,6 +121,35 @@ class GemmRecipe:
     def replace(self, **changes) -> GemmRecipe:
         """A copy with some fields changed, e.g. recipe.replace(wgrad_x=None, wgrad_dy=None)."""
         return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The six operand specs (`QuantSpec.to_dict`, None: unquantized) and the backward mode
+        as plain JSON. The name, a label that takes no part in equality, is left out: equal
+        recipes give equal dicts, and so equal run ids. `from_dict` inverts it."""
+        d: dict[str, Any] = {}
+        for field in schema.OPERAND_NAMES:
+            s = getattr(self, field)
+            d[field] = None if s is None else s.to_dict()
+        d["backward"] = self.backward
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GemmRecipe:
+        """The recipe `to_dict` wrote. A missing operand is None (unquantized), a spec may be a
+        QuantSpec or its dict, and "name" is accepted as a label.
+
+        Raises:
+          ValueError: not a dict, an unknown field (named, with the allowed ones) or a bad spec
+            (the message names the operand and the spec's field).
+        """
+        kw = schema.check_fields("GemmRecipe", d, [*schema.OPERAND_NAMES, "backward", "name"])
+        for field in schema.OPERAND_NAMES:
+            if isinstance(kw.get(field), dict):
+                try:
+                    kw[field] = QuantSpec.from_dict(kw[field])
+                except ValueError as e:
+                    raise ValueError(f"GemmRecipe.{field}: {e}") from e
+        return cls(**kw)
 
 
 def _all(spec: QuantSpec | None, **kw) -> dict:
@@ -320,20 +367,138 @@ def _nvfp4_h_dgrad() -> GemmRecipe:
 
 
 def names() -> tuple[str, ...]:
-    """The names `get` accepts."""
+    """The names `get` accepts: the built-in recipes, then those added with `register`."""
+    return (*_REGISTRY, *_REGISTERED)
+
+
+def builtin_names() -> tuple[str, ...]:
+    """The names of the recipes this module defines (not those added with `register`)."""
     return tuple(_REGISTRY)
+
+
+@functools.cache
+def _builtins() -> dict[GemmRecipe, str]:
+    out: dict[GemmRecipe, str] = {}
+    for name, fn in _REGISTRY.items():
+        out.setdefault(fn(), name)  # the first name of equal recipes
+    return out
+
+
+def builtin_name(recipe: GemmRecipe) -> str | None:
+    """The name of the built-in recipe equal to `recipe` (names are labels and take no part in
+    equality), or None: `builtin_name(get("bf16").replace(name="mine")) == "bf16"`."""
+    return _builtins().get(recipe)
 
 
 def get(name: str | GemmRecipe | None) -> GemmRecipe | None:
     """The named recipe (a GemmRecipe passes through; None stays None = high precision)."""
     if name is None or isinstance(name, GemmRecipe):
         return name
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(_REGISTRY)}")
+    if isinstance(name, str) and name in _REGISTERED:
+        return _REGISTERED[name][0]
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"unknown recipe {name!r}; known recipes: {', '.join(names())}")
     return _REGISTRY[name]()
 
 
 def doc(name: str) -> str:
     """The docstring (source and description) of a named recipe."""
     get(name)
+    if name in _REGISTERED:
+        return _REGISTERED[name][1]
     return _REGISTRY[name].__doc__ or ""
+
+
+def register(name: str, recipe: GemmRecipe, *, doc: str = "") -> GemmRecipe:
+    """Adds `recipe` under `name`, so `get(name)`, rules and configs can name it; returns it,
+    labelled `name`. `doc` is what `doc(name)` returns (say where the recipe comes from).
+
+    Registering the same name again with an equal recipe does nothing, so an experiment file or
+    a notebook cell can run twice. A run record stores a registered recipe as its specs, never
+    by its name (`fp4lab.train.config`): the record reads back where the name is not
+    registered.
+
+    Raises:
+      ValueError: `name` is a built-in recipe, or registered with a different recipe; `name`
+        is not a non-empty string or `recipe` not a GemmRecipe.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register: name={name!r}; allowed: a non-empty string")
+    if not isinstance(recipe, GemmRecipe):
+        raise ValueError(
+            f"register({name!r}, ...): recipe={recipe!r}; allowed: a GemmRecipe "
+            "(a QuantSpec is one operand: put it in the operands of a GemmRecipe)"
+        )
+    if name in _REGISTRY:
+        raise ValueError(
+            f"register({name!r}, ...): {name!r} is a built-in recipe; choose another name"
+        )
+    if name in _REGISTERED and _REGISTERED[name][0] != recipe:
+        raise ValueError(
+            f"register({name!r}, ...): {name!r} is already registered as a different recipe; "
+            f"choose another name, or unregister({name!r}) first"
+        )
+    recipe = dataclasses.replace(recipe, name=name)
+    _REGISTERED[name] = (recipe, doc)
+    return recipe
+
+
+def unregister(name: str) -> None:
+    """Removes a recipe added with `register` (a built-in recipe cannot be removed)."""
+    if name in _REGISTRY:
+        raise ValueError(f"unregister({name!r}): a built-in recipe cannot be removed")
+    if name not in _REGISTERED:
+        raise ValueError(f"unregister({name!r}): not registered; registered: {list(_REGISTERED)}")
+    del _REGISTERED[name]
+
+
+_Override = str | GemmRecipe | QuantSpec | None
+
+
+def override(
+    recipe: GemmRecipe, changes: dict[str, _Override] | Iterable[tuple[str, _Override]]
+) -> GemmRecipe:
+    """`recipe` with the specs of whole GEMMs or of single operands replaced.
+
+    changes: {key: value}; a key is a GEMM ("fprop", "dgrad", "wgrad": both of its operands) or
+    an operand ("dgrad_dy", ...: `schema.OPERAND_NAMES`); a value is a recipe name or a
+    GemmRecipe (take its specs for the key), a QuantSpec (the spec of the operand, or of both
+    operands of the GEMM) or None (unquantized). GEMM keys apply first, so an operand key
+    refines a GEMM key: {"wgrad": "bf16", "wgrad_dy": None}. The name and backward mode stay.
+
+    Raises:
+      ValueError: an unknown key or recipe name, a value of another type, or a result whose
+        GEMM has two different Hadamards (each message names the key).
+    """
+    items = list(changes.items() if isinstance(changes, dict) else changes)
+    gemm_first = sorted(items, key=lambda kv: kv[0] not in GEMMS)
+    fields: dict[str, QuantSpec | None] = {}
+    for key, value in gemm_first:
+        if key in GEMMS:
+            targets = [(schema.operand_name(key, o), key, o) for o in OPERANDS[key]]
+        elif key in schema.OPERAND_NAMES:
+            gemm, operand = key.split("_", 1)
+            targets = [(key, gemm, operand)]
+        else:
+            allowed = (*GEMMS, *schema.OPERAND_NAMES)
+            hint = schema.did_you_mean(key, allowed)
+            raise ValueError(f"override key {key!r}; allowed: {', '.join(allowed)}{hint}")
+        if isinstance(value, str):
+            try:
+                value = get(value)
+            except ValueError as e:
+                raise ValueError(f"override {key!r}: {e}") from e
+        for field, gemm, operand in targets:
+            if value is None or isinstance(value, QuantSpec):
+                fields[field] = value
+            elif isinstance(value, GemmRecipe):
+                fields[field] = value.spec(gemm, operand)
+            else:
+                raise ValueError(
+                    f"override {key!r}={value!r} ({type(value).__name__}); allowed: a recipe "
+                    "name, a GemmRecipe, a QuantSpec or None"
+                )
+    try:
+        return recipe.replace(**fields)
+    except ValueError as e:
+        raise ValueError(f"override {', '.join(k for k, _ in items)}: {e}") from e

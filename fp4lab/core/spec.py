@@ -12,6 +12,7 @@ The formulas each field selects are in docs/architecture.md §2 and `fp4lab.core
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from fp4lab import schema
 from fp4lab.core import formats
@@ -72,7 +73,10 @@ class QuantSpec:
     amax_algo: str = "max"  # delayed scaling: "max" of the history | "most_recent"
 
     def __post_init__(self):
-        formats.get_format(self.elem)  # raises with the allowed names
+        try:
+            formats.get_format(self.elem)  # raises with the allowed names
+        except ValueError as e:
+            raise ValueError(f"QuantSpec.elem: {e}") from e
         object.__setattr__(self, "tile", _check_tile(self.tile))
         for field in ("axis", "amax_history"):
             value = getattr(self, field)
@@ -142,6 +146,45 @@ class QuantSpec:
     def replace(self, **changes) -> QuantSpec:
         """A copy with some fields changed (validated like a new spec)."""
         return dataclasses.replace(self, **changes)
+
+    def summary(self) -> str:
+        """A short label for tables: the element format, tile, block scale, a per-row scale,
+        stochastic rounding and a Hadamard, e.g. "e2m1/1x16/e4m3/sr/h32" (`to_dict` has it all)."""
+        parts = [self.elem]
+        if self.tile is not None:
+            parts += [f"{self.tile[0]}x{self.tile[1]}", str(self.block_scale)]
+        if self.outer == "row":
+            parts.append("row")
+        if self.rounding == "stochastic":
+            parts.append("sr")
+        if self.transform is not None:
+            parts.append(f"h{self.transform.size}")
+        return "/".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON (the tile a list, the transform `Hadamard.to_dict` or
+        None): what a run record shows and its run id hashes. `from_dict` inverts it."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["tile"] = None if self.tile is None else list(self.tile)
+        d["transform"] = None if self.transform is None else self.transform.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QuantSpec:
+        """The spec `to_dict` wrote; a missing field takes its default, so
+        {"rounding": "stochastic"} is NVFP4 with stochastic rounding.
+
+        Raises:
+          ValueError: not a dict, an unknown field (named, with the allowed ones) or a bad
+            value (the field's own check names it).
+        """
+        kw = schema.check_fields("QuantSpec", d, [f.name for f in dataclasses.fields(cls)])
+        if isinstance(kw.get("transform"), dict):
+            try:
+                kw["transform"] = Hadamard.from_dict(kw["transform"])
+            except ValueError as e:
+                raise ValueError(f"QuantSpec.transform: {e}") from e
+        return cls(**kw)
 
     @property
     def needs_key(self) -> bool:

@@ -5,14 +5,27 @@ the precision (recipe, per-GEMM overrides, per-layer rules, phases), loss scalin
 detection and the target loss. It is printable, comparable and hashable; `to_dict` gives plain
 JSON, which the store hashes (with the seeds) into the run id.
 
-Precision is written with names, so a config stays a value:
+Precision is written with recipe names or with values:
 
     recipe="nvfp4"                        every quantizable GEMM under NVFP4
+    recipe=fl.GemmRecipe(...)             ... or under a recipe written out (its six specs)
     gemms={"wgrad": "bf16"}               ... except the weight-gradient GEMM, taken from bf16
+    gemms={"dgrad_dy": fl.nvfp4(rounding="stochastic")}   ... or one operand, as a QuantSpec
     backward="dequantized"                override the recipe's backward mode
     rules=((r"lm_head", "bf16"),)         per-layer exceptions, first match wins, before ".*"
     phases=((0.9, "bf16"),)               from 90 % of the steps on, everything in bf16
     phases=((0.9, {"gemms": {"fprop": "bf16"}}),)   ... or only the forward GEMM
+
+A recipe (in `recipe`, `rules`, phases) is a name of `fp4lab.recipes.names()` or a GemmRecipe;
+a `gemms` key is a GEMM ("wgrad": both operands) or an operand ("dgrad_dy"), its value a recipe
+name or GemmRecipe (take its specs there), a QuantSpec or None (unquantized); operand keys
+refine GEMM keys (`fp4lab.recipes.override`). `to_dict` writes recipes and specs as plain JSON
+(`GemmRecipe.to_dict`, `QuantSpec.to_dict`), and the constructor reads that form back, so a run
+record shows the numerics and its run id hashes them. A built-in recipe is written by its name,
+exactly as before values were allowed (its runs keep their ids), and a value equal to a built-in
+recipe is stored as that name (`recipes.builtin_name`): `recipe=fl.recipes.get("nvfp4")` is the
+same run as `recipe="nvfp4"`. A name added with `fl.recipes.register` is stored as its value,
+so the record reads back, and reruns, where the name is not registered.
 
 Errors name the field, the bad value and what is allowed, and are raised when the config is
 made (before anything runs).
@@ -27,9 +40,20 @@ from typing import Any
 
 from fp4lab import schema
 from fp4lab.core import recipes
+from fp4lab.core.recipes import GemmRecipe
+from fp4lab.core.spec import QuantSpec
 from fp4lab.schema import BACKENDS
 
-__all__ = ["Config", "ConfigError", "TASKS", "OPTIMIZERS", "SCHEDULES", "LOSS_SCALING", "make"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "TASKS",
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "LOSS_SCALING",
+    "make",
+    "jsonable",
+]
 
 TASKS = ("markov", "teacher", "text")
 OPTIMIZERS = ("adamw", "sgd")
@@ -126,10 +150,10 @@ class Config:
     min_lr_ratio: float = 0.1  # final lr / peak lr for cosine and linear
     clip_norm: float = 1.0  # global-norm gradient clipping (0: off)
     # precision
-    recipe: str = "fp32"  # named recipe for every quantizable GEMM (fp4lab.recipes.names())
-    gemms: tuple[tuple[str, str], ...] = ()  # per-GEMM overrides: {"wgrad": "bf16"}
+    recipe: str | GemmRecipe = "fp32"  # every quantizable GEMM: a recipe name or a GemmRecipe
+    gemms: tuple[tuple[str, Any], ...] = ()  # per-GEMM / per-operand overrides: {"wgrad": "bf16"}
     backward: str = ""  # override the recipe's backward mode ("" keeps it)
-    rules: tuple[tuple[str, str | None], ...] = ()  # (path regex, recipe or None), before ".*"
+    rules: tuple[tuple[str, Any], ...] = ()  # (path regex, recipe or None), before ".*"
     phases: tuple[tuple[float, Any], ...] = ()  # (start step or fraction, recipe or overrides)
     backend: str = "simulated"  # forward GEMMs: "simulated" | "native" | "auto"
     loss_scaling: str = "none"  # "none" | "static" | "dynamic" (grow / back off on overflow)
@@ -137,7 +161,7 @@ class Config:
     growth_interval: int = 100  # dynamic: finite steps before the scale doubles
     # measurement
     telemetry_every: int = 0  # operand statistics every k steps (0: off)
-    shadow: bool = False  # with telemetry: also the exact gradient and its gnr
+    shadow: bool = False  # with telemetry: also the high-precision shadow (grad/, acc/ metrics)
     eval_batches: int = 8  # held-out batches at the end (0: final loss = last 10 % of train)
     spike_factor: float = 5.0  # divergence: loss above this many times the running median
     spike_window: int = 20  # ... of the last this many steps
@@ -181,12 +205,18 @@ class Config:
             raise ConfigError("Config.shadow=True needs telemetry_every >= 1")
         if self.target_loss is not None and self.target_gap is not None:
             raise ConfigError("Config.target_loss and Config.target_gap: set at most one")
-        _recipe("recipe", self.recipe)
+        object.__setattr__(self, "recipe", _recipe("recipe", self.recipe))
         object.__setattr__(self, "gemms", _gemms("gemms", self.gemms))
         if self.backward:
             _choice("backward", self.backward, schema.BACKWARD_MODES)
         object.__setattr__(self, "rules", _rules("rules", self.rules))
         object.__setattr__(self, "phases", self._check_phases(self.phases))
+        for i, (_, state) in enumerate(self.precision()):  # GEMMs with two Hadamards, ...
+            try:
+                recipes.override(recipes.get(state["recipe"]), state["gemms"])
+            except ValueError as e:
+                where = "recipe and gemms" if i == 0 else f"phases[{i - 1}]"
+                raise ConfigError(f"Config.{where}: {e}") from e
 
     def _check_phases(self, phases) -> tuple:
         out = []
@@ -199,22 +229,25 @@ class Config:
                     f"Config.phases[{i}] start={start!r}; allowed: a step >= 1 or a fraction in "
                     "(0, 1)"
                 )
-            if isinstance(change, str):
+            if isinstance(change, str | GemmRecipe):
                 change = {"recipe": change}
             elif isinstance(change, list | tuple):  # the stored form: (key, value) pairs
                 change = dict(change)
             if not isinstance(change, dict):
-                raise ConfigError(f"Config.phases[{i}] change={change!r}; a recipe name or a dict")
+                raise ConfigError(
+                    f"Config.phases[{i}] change={change!r}; allowed: a recipe name, a GemmRecipe "
+                    "or a dict of changes"
+                )
             bad = sorted(set(change) - set(_PHASE_KEYS))
             if bad:
                 raise ConfigError(
                     f"Config.phases[{i}] has unknown keys {bad}; allowed: {', '.join(_PHASE_KEYS)}"
                 )
+            change = dict(change)
             if "recipe" in change:
-                _recipe(f"phases[{i}].recipe", change["recipe"])
+                change["recipe"] = _recipe(f"phases[{i}].recipe", change["recipe"])
             if "backward" in change:
                 _choice(f"phases[{i}].backward", change["backward"], schema.BACKWARD_MODES)
-            change = dict(change)
             if "gemms" in change:
                 change["gemms"] = _gemms(f"phases[{i}].gemms", change["gemms"])
             if "rules" in change:
@@ -232,19 +265,46 @@ class Config:
         """A phase start in steps (a fraction in (0, 1) is a share of `steps`)."""
         return int(round(start * self.steps)) if start < 1 else int(start)
 
+    def precision(self) -> list[tuple[int, dict[str, Any]]]:
+        """[(start step, {"recipe", "gemms", "backward", "rules"})] of every precision phase,
+        the first at step 0. A phase given as a bare recipe switches the whole model (its
+        overrides and rules dropped); a dict of changes keeps what it does not change."""
+        state = {"recipe": self.recipe, "gemms": self.gemms, "backward": self.backward}
+        state["rules"] = self.rules
+        out = [(0, dict(state))]
+        for start, change in self.phases:
+            change = dict(change)
+            if set(change) == {"recipe"}:  # a bare recipe: the whole model switches
+                state = {"recipe": change["recipe"], "gemms": (), "backward": "", "rules": ()}
+            else:
+                state = state | change
+            out.append((self.phase_start(start), dict(state)))
+        return out
+
     def replace(self, **changes) -> Config:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able fields (tuples become lists); `from_dict` inverts it."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=_jsonable))
+        """Plain JSON-able fields (`jsonable`: tuples become lists, recipe and spec values their
+        dicts, names stay names): what the store hashes into the run id. `from_dict` inverts
+        it."""
+        return jsonable({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Config:
+        """The config `to_dict` wrote (a run record's "config")."""
         return make(d)
 
 
+def jsonable(value: Any) -> Any:
+    """A config value as plain JSON: tuples become lists, a GemmRecipe or QuantSpec its
+    `to_dict` (which the config's constructor reads back)."""
+    return json.loads(json.dumps(value, default=_jsonable))
+
+
 def _jsonable(value):
+    if isinstance(value, GemmRecipe | QuantSpec):
+        return value.to_dict()
     if isinstance(value, tuple):
         return list(value)
     raise TypeError(f"not JSON-able: {value!r}")
@@ -273,12 +333,37 @@ def _choice(name: str, value, allowed) -> None:
     schema.check_choice("Config", name, value, allowed, ConfigError)
 
 
-def _recipe(name: str, value) -> None:
-    _choice(name, value, recipes.names())
+def _recipe(name: str, value, *, optional: bool = False) -> str | GemmRecipe | None:
+    """A recipe as the config stores it: a built-in name, or a GemmRecipe (a registered name
+    and the dict form resolved; a value equal to a built-in recipe becomes its name)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, str):
+        _choice(name, value, recipes.names())
+        if value in recipes.builtin_names():
+            return value
+        value = recipes.get(value)
+    elif isinstance(value, dict):
+        try:
+            value = GemmRecipe.from_dict(value)
+        except ValueError as e:
+            raise ConfigError(f"Config.{name}: {e}") from e
+    elif not isinstance(value, GemmRecipe):
+        allowed = f"a recipe name ({', '.join(recipes.names())}), a GemmRecipe"
+        allowed += " or None" if optional else ""
+        if isinstance(value, QuantSpec):
+            raise ConfigError(
+                f"Config.{name}=QuantSpec({value.summary()}): a QuantSpec is one operand (put it "
+                f"in a GemmRecipe, or override operands with Config.gemms); allowed: {allowed}"
+            )
+        raise ConfigError(f"Config.{name}={value!r} ({type(value).__name__}); allowed: {allowed}")
+    return recipes.builtin_name(value) or value
 
 
 def _coerce(name: str, value, default):
     """Checks the type of a field against its default's and normalizes lists to tuples."""
+    if name == "recipe":  # a name or a value: `_recipe` checks it
+        return value
     kind = type(default)
     if default is None:  # optional float
         if value is None:
@@ -300,11 +385,41 @@ def _coerce(name: str, value, default):
 
 
 def _gemms(name: str, value) -> tuple:
-    pairs = tuple(sorted(dict(value).items())) if value else ()
-    for gemm, src in pairs:
-        _choice(f"{name} key", gemm, schema.GEMMS)
-        _recipe(f"{name}[{gemm!r}]", src)
-    return pairs
+    """Per-GEMM and per-operand overrides as the config stores them, sorted by key: a built-in
+    name, a QuantSpec (its dict form read) or None; a GemmRecipe that is not built-in becomes
+    the specs it gives the key's operands (an operand key given as well wins)."""
+    try:
+        given = dict(value) if value else {}
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"Config.{name}={value!r}; allowed: a dict {{GEMM or operand: recipe, spec or None}}"
+        ) from e
+    out: dict[str, Any] = {}
+    from_gemms: dict[str, QuantSpec | None] = {}
+    for key, src in given.items():
+        _choice(f"{name} key", key, (*schema.GEMMS, *schema.OPERAND_NAMES))
+        where = f"{name}[{key!r}]"
+        if isinstance(src, dict):
+            try:
+                src = QuantSpec.from_dict(src)
+            except ValueError as e:
+                raise ConfigError(f"Config.{where}: {e}") from e
+        elif isinstance(src, str | GemmRecipe):
+            src = _recipe(where, src)
+        elif src is not None and not isinstance(src, QuantSpec):
+            raise ConfigError(
+                f"Config.{where}={src!r} ({type(src).__name__}); allowed: a recipe name, a "
+                "GemmRecipe, a QuantSpec or None"
+            )
+        if isinstance(src, GemmRecipe) and key in schema.GEMMS:  # only its specs here count
+            for o in schema.OPERANDS[key]:
+                from_gemms[schema.operand_name(key, o)] = src.spec(key, o)
+        elif isinstance(src, GemmRecipe):
+            out[key] = getattr(src, key)
+        else:
+            out[key] = src
+    out = {k: v for k, v in from_gemms.items() if k not in out} | out  # operand keys win
+    return tuple(sorted(out.items()))
 
 
 def _rules(name: str, value) -> tuple:
@@ -317,7 +432,5 @@ def _rules(name: str, value) -> tuple:
             re.compile(path)
         except (re.error, TypeError) as e:
             raise ConfigError(f"Config.{name}[{i}] path {path!r} is not a regex: {e}") from e
-        if recipe is not None:
-            _recipe(f"{name}[{i}] recipe", recipe)
-        out.append((path, recipe))
+        out.append((path, _recipe(f"{name}[{i}] recipe", recipe, optional=True)))
     return tuple(out)
