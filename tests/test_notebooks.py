@@ -108,8 +108,10 @@ def test_report_cli_writes_every_figure(tmp_path):
     out = tmp_path / "results"
     sweep.run_experiment(sweep.load_experiment(path), out, progress=False)
     names = [name for name, _ in plots.iter_figures(store.load(out))]
-    for expected in ("loss_curves", "divergence_rate", "loss_gap", "tokens_to_target", "overhead"):
+    for expected in ("loss_curves", "loss_gap", "tokens_to_target", "overhead"):
         assert expected in names
+    assert "divergence_rate" not in names  # nothing diverged
+    assert "eval_loss_curves" not in names  # one eval point per run
     assert any(n.startswith("heatmap_rel_err") for n in names)
     assert "gradient_to_noise" in names
     assert cli.main(["report", str(out)]) == 0

@@ -27,8 +27,10 @@ __all__ = [
     "scalar_metric",
     "quant_telemetry",
     "grad_telemetry",
+    "acc_telemetry",
     "attach",
     "layer_order",
+    "depths",
 ]
 
 SEEDS = SEED_COLUMNS  # seed_init, seed_data, seed_quant
@@ -125,15 +127,50 @@ def grad_telemetry(metrics: pd.DataFrame, *, wide: bool = False) -> pd.DataFrame
     return _parse(metrics, "grad", ["layer"], wide)
 
 
+def acc_telemetry(metrics: pd.DataFrame, *, wide: bool = False) -> pd.DataFrame:
+    """Accumulated drift against the high-precision shadow, parsed from keys
+    acc/<layer>/<direction>/<stat>.
+
+    Returns tidy rows (run_id, step, layer, direction, stat, value): direction "fwd" (the op's
+    output; stats rel_drift, local) or "bwd" (the cotangent arriving at it; rel_drift, cos).
+    With wide=True one row per (run_id, step, layer, direction) and one column per statistic.
+    """
+    return _parse(metrics, "acc", ["layer", "gemm"], wide).rename(columns={"gemm": "direction"})
+
+
 def attach(frame: pd.DataFrame, runs: pd.DataFrame, columns: Sequence[str] = ("cell",)):
     """`frame` (with a run_id column) joined with the given columns of the runs table."""
     return frame.merge(runs[["run_id", *columns]], on="run_id", how="left")
 
 
-def layer_order(layers: Iterable[str]) -> list[str]:
-    """Layer paths in natural order: blocks.2 before blocks.10."""
+def depths(metrics: pd.DataFrame) -> dict[str, float]:
+    """{layer: depth} from the `depth/<layer>` rows of a metrics table (each layer's position in
+    the forward's order of quantized ops, `fp4lab.nnx.telemetry.depths`); {} when absent."""
+    rows = metrics[metrics["metric"].str.startswith("depth/")]
+    if rows.empty:
+        return {}
+    median = rows.groupby("metric")["value"].median()
+    return {name.removeprefix("depth/"): float(v) for name, v in median.items()}
+
+
+def layer_order(layers: Iterable[str], depth: dict[str, float] | None = None) -> list[str]:
+    """Layer paths in depth order where `depth` (`depths(metrics)`) knows them, a parameter
+    ("blocks.0.mlp.up.kernel") at the depth of its op; the rest after them in natural order
+    (blocks.2 before blocks.10)."""
+
+    def natural(path: str):
+        return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path)]
+
+    def at(path: str) -> float | None:
+        depth_ = depth or {}
+        while path:
+            if path in depth_:
+                return depth_[path]
+            path = path.rpartition(".")[0]
+        return None
 
     def key(path: str):
-        return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path)]
+        d = at(path)
+        return (0, d, natural(path)) if d is not None else (1, 0.0, natural(path))
 
     return sorted(set(layers), key=key)

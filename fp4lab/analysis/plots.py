@@ -7,6 +7,8 @@ saves to PNG, embeds in the HTML report or shows in a notebook. Styling is seabo
 in greyscale print.
 
     gradient_flow_heatmap   layer x step of a telemetry statistic, one panel per GEMM operand
+                            (or per direction of the accumulated drift)
+    drift_vs_depth          accumulated drift against depth, forward and backward, seed bands
     loss_curves             median over seeds per cell, with a min-max or interquartile band
     ladder                  horizontal bars with intervals (overhead, rates, shares)
     gnr_curves              gradient-to-noise ratio per layer over steps, with the sqrt(3) line
@@ -32,10 +34,12 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
 from fp4lab.analysis import factors, frames, tables
-from fp4lab.schema import GEMMS, GRAD_STATS, OPERANDS, SQRT3
+from fp4lab.schema import ACC_OPERANDS, ACC_STATS, GEMMS, GRAD_STATS, OPERANDS, SQRT3, STATS
 
 __all__ = [
     "gradient_flow_heatmap",
+    "heatmap_norm",
+    "drift_vs_depth",
     "loss_curves",
     "ladder",
     "gnr_curves",
@@ -46,6 +50,7 @@ __all__ = [
 ]
 
 SIGNED = ("bias",)  # drawn with a diverging map centred at 0
+_LOG_STATS = ("rel_err", "rel_drift", "local")  # errors: a log colour scale when they span decades
 DPI = 150
 _LINESTYLES = ("-", "--", "-.", ":")
 
@@ -88,6 +93,51 @@ def _select(frame: pd.DataFrame, runs: pd.DataFrame | None, cell: str | None) ->
     return frame[frame["run_id"].isin(runs.loc[runs["cell"] == cell, "run_id"])]
 
 
+def _telemetry_kind(stat: str, kind: str | None) -> str:
+    """Which telemetry a statistic comes from: "quant", "grad" or "acc" ("cos" is both a
+    shadow-gradient and a drift statistic: the gradient's unless kind="acc")."""
+    drift = {s for stats in ACC_STATS.values() for s in stats}
+    known = {"quant": set(STATS), "grad": set(GRAD_STATS), "acc": drift}
+    if kind is not None:
+        if kind not in known:
+            raise ValueError(f"kind must be one of {sorted(known)}, got {kind!r}")
+        if stat not in known[kind]:
+            raise ValueError(
+                f"{kind} telemetry has no statistic {stat!r}; it has {sorted(known[kind])}"
+            )
+        return kind
+    for name in ("quant", "grad", "acc"):
+        if stat in known[name]:
+            return name
+    allowed = sorted(set().union(*known.values()))
+    raise ValueError(f"unknown telemetry statistic {stat!r}; allowed: {allowed}")
+
+
+_DIRECTION_TITLES = {
+    ("fwd", "rel_drift"): "forward: output y, accumulated drift",
+    ("fwd", "local"): "forward: output y, the op's own error",
+    ("bwd", "rel_drift"): "backward: cotangent dy, accumulated drift",
+    ("bwd", "cos"): "backward: cotangent dy, cosine",
+}
+
+
+def heatmap_norm(values, stat: str) -> mcolors.Normalize:
+    """The colour scale of `stat` over `values` (pass the values of every figure that must
+    share one scale): diverging around 0 for signed statistics, logarithmic for errors and
+    drifts whose positive values span more than a decade (so a high-precision layer does not
+    squeeze the FP4 range), else linear."""
+    finite = pd.Series(np.asarray(values, np.float64)).replace([np.inf, -np.inf], np.nan).dropna()
+    if stat in SIGNED:
+        return mcolors.CenteredNorm(
+            0.0, max(float(finite.abs().max()), 1e-12) if len(finite) else 1
+        )
+    lo, hi = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
+    positive = finite[finite > 0]
+    if stat in _LOG_STATS and len(positive) and positive.max() > 10 * positive.min():
+        return mcolors.LogNorm(float(positive.min()), float(positive.max()))
+    return mcolors.Normalize(lo, hi if hi > lo else lo + 1e-12)
+
+
 @_styled
 def gradient_flow_heatmap(
     metrics: pd.DataFrame,
@@ -96,50 +146,66 @@ def gradient_flow_heatmap(
     runs: pd.DataFrame | None = None,
     cell: str | None = None,
     agg: str = "median",
+    kind: str | None = None,
+    norm: mcolors.Normalize | None = None,
 ) -> Figure:
-    """Where quantization error enters: a telemetry statistic by layer (rows) and step (columns).
+    """Where quantization error enters, and how it accumulates: a telemetry statistic by layer
+    (rows, first layer on top) and step (columns).
 
     Quantizer statistics (rel_err, bias, flush, saturated, underflow, map4) get one panel per
-    GEMM operand: GEMMs as columns (fprop, dgrad, wgrad), their two operands as rows, one
-    shared colour scale. Shadow-gradient statistics (cos, rel_norm, gnr, below_sqrt3) get one
-    panel. Values are aggregated over the selected runs (`agg`, the median over seeds by default);
-    signed statistics use a diverging map centred at 0; missing or infinite values are grey.
+    GEMM operand: GEMMs as columns (fprop, dgrad, wgrad), their two operands as rows. Shadow-
+    gradient statistics (cos, rel_norm, gnr, below_sqrt3) get one panel. Drift statistics
+    (`acc/` keys: rel_drift, local, and cos with kind="acc") get one panel per direction,
+    forward (the op's output) and backward (the cotangent arriving at it). Panels share one
+    colour scale (`heatmap_norm`; pass `norm` to share one across figures). Values are
+    aggregated over the selected runs (`agg`, the median over seeds by default); missing or
+    infinite values are grey.
 
     Args:
       metrics: the long metrics table. stat: the statistic to draw.
       runs, cell: draw only the runs of this cell (needs the runs table). agg: a pandas reduction.
+      kind: "quant", "grad" or "acc" (default: inferred from `stat`). norm: the colour scale.
     Returns:
       The figure. Raises ValueError when the metrics hold no such statistic.
     """
-    grad = stat in GRAD_STATS
-    tele = frames.grad_telemetry(metrics) if grad else frames.quant_telemetry(metrics)
+    kind = _telemetry_kind(stat, kind)
+    if kind == "grad":
+        tele = frames.grad_telemetry(metrics)
+    elif kind == "acc":
+        tele = frames.acc_telemetry(metrics).rename(columns={"direction": "gemm"})
+        tele = tele.assign(operand=tele["gemm"].map(ACC_OPERANDS))
+    else:
+        tele = frames.quant_telemetry(metrics)
     tele = _select(tele[tele["stat"] == stat], runs, cell)
     if tele.empty:
-        raise ValueError(f"no telemetry for statistic {stat!r}")
-    if grad:
+        raise ValueError(f"no {kind} telemetry for statistic {stat!r}")
+    titles = {}
+    if kind == "grad":
         tele = tele.assign(gemm="shadow gradient", operand="")
         panels = [[("shadow gradient", "")]]
+        titles[panels[0][0]] = "shadow gradient"
+    elif kind == "acc":
+        have = set(tele["gemm"])
+        panels = [[(d, ACC_OPERANDS[d]) for d in ACC_STATS if d in have]]
+        titles = {(d, ACC_OPERANDS[d]): _DIRECTION_TITLES[d, stat] for d in have}
     else:
         have = set(zip(tele["gemm"], tele["operand"], strict=True))
         gemms = [g for g in GEMMS if any((g, o) in have for o in OPERANDS[g])]
         panels = [[(g, OPERANDS[g][i]) for g in gemms] for i in (0, 1)]
+        titles = {(g, o): f"{g} · {o}" for g in gemms for o in OPERANDS[g]}
     grid = tele.assign(value=_finite(tele["value"]))
     grid = grid.groupby(["gemm", "operand", "layer", "step"])["value"].agg(agg).reset_index()
-    layers, steps = frames.layer_order(tele["layer"]), np.sort(tele["step"].unique())
-    finite = grid["value"].dropna()
-    if stat in SIGNED:
-        cmap = sns.color_palette("vlag", as_cmap=True)
-        norm = mcolors.CenteredNorm(
-            0.0, max(float(finite.abs().max()), 1e-12) if len(finite) else 1
-        )
-    else:
-        cmap = sns.color_palette("rocket_r", as_cmap=True)
-        lo, hi = (finite.min(), finite.max()) if len(finite) else (0.0, 1.0)
-        norm = mcolors.Normalize(lo, hi if hi > lo else lo + 1e-12)
+    layers, steps = (
+        frames.layer_order(tele["layer"], frames.depths(metrics)),
+        np.sort(tele["step"].unique()),
+    )
+    norm = norm or heatmap_norm(grid["value"], stat)
+    name = "rocket" if stat == "cos" else "rocket_r"  # dark = worse
+    cmap = sns.color_palette("vlag" if stat in SIGNED else name, as_cmap=True)
     cmap = cmap.with_extremes(bad="0.85")
     nrows, ncols = len(panels), len(panels[0])
     height = max(2.2, 0.16 * len(layers) + 1.2)
-    fig = _figure(3.4 * ncols + 1.2, height * nrows + 0.4)
+    fig = _figure(3.4 * ncols + 1.2 + (1.0 if kind == "acc" else 0.0), height * nrows + 0.4)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
     mesh = None
     for i, row in enumerate(panels):
@@ -155,7 +221,7 @@ def gradient_flow_heatmap(
                 cmap=cmap,
                 norm=norm,
             )
-            ax.set_title(f"{gemm} · {operand}" if operand else gemm)
+            ax.set_title(titles.get((gemm, operand), gemm), fontsize="medium")
             ax.grid(False)
     ax0 = axes[0, 0]
     ax0.invert_yaxis()  # first layer on top
@@ -163,8 +229,94 @@ def gradient_flow_heatmap(
     ax0.set_yticks(np.arange(len(layers))[::every] + 0.5, layers[::every])
     for ax in axes[-1]:
         ax.set_xlabel("step")
-    fig.colorbar(mesh, ax=axes, label=stat, shrink=0.9)
+    label = f"{stat} (drift against the high-precision shadow)" if kind == "acc" else stat
+    fig.colorbar(mesh, ax=axes, label=label, shrink=0.9)
     fig.suptitle(f"{stat} by layer and step" + (f" — {cell}" if cell else ""))
+    return fig
+
+
+@_styled
+def drift_vs_depth(
+    metrics: pd.DataFrame,
+    runs: pd.DataFrame | None = None,
+    *,
+    stat: str = "rel_drift",
+    steps: Sequence[int] | None = None,
+    by: str = "cell",
+    local: bool = True,
+) -> Figure:
+    """Accumulated drift against depth: one panel per direction (forward: each op's output;
+    backward: the cotangent arriving at it), layers in depth order on x, a log y axis.
+
+    One line per cell (with `runs`; else one) and chosen step: the median over the cell's
+    seeds, with a min-max band over seeds. With `local` (and stat="rel_drift") the forward
+    panel also draws each op's own error (`local`, dotted): where the two lines part, error
+    has accumulated beyond what the op adds.
+
+    Args:
+      metrics: the long metrics table. runs: the runs table, for lines per cell.
+      stat: "rel_drift" (both directions) or "cos" (backward). steps: the logged steps to draw
+        (default: the last one). by: the runs column naming the lines.
+    """
+    tele = frames.acc_telemetry(metrics)
+    if tele.empty:
+        raise ValueError("no drift telemetry (acc/<layer>/...) in the metrics")
+    if stat not in ("rel_drift", "cos"):
+        raise ValueError(f"stat must be 'rel_drift' or 'cos', got {stat!r}")
+    logged = np.sort(tele["step"].unique())
+    steps = [int(logged[-1])] if steps is None else [int(t) for t in steps]
+    missing = sorted(set(steps) - set(int(t) for t in logged))
+    if missing:
+        raise ValueError(f"steps {missing} were not logged; logged steps: {list(logged)}")
+    tele = tele[tele["step"].isin(steps)].assign(value=lambda f: _finite(f["value"]))
+    if runs is not None:
+        tele = frames.attach(tele, runs, [by])
+        lines = [c for c in _cells(runs, by) if c in set(tele[by])]
+    else:
+        tele, lines = tele.assign(**{by: "all runs"}), ["all runs"]
+    layers = frames.layer_order(tele["layer"], frames.depths(metrics))
+    position = {layer: i for i, layer in enumerate(layers)}
+    directions = [d for d in ACC_STATS if stat in ACC_STATS[d] and d in set(tele["direction"])]
+    fig = _figure(5.0 * len(directions) + 2.4, 4.0)
+    axes = fig.subplots(1, len(directions), squeeze=False, sharey=True)[0]
+    palette = sns.color_palette("colorblind")
+    handles = []
+    for ax, direction in zip(axes, directions, strict=True):
+        shown = [(stat, "-")] + ([("local", ":")] if local and direction == "fwd" else [])
+        for i, line in enumerate(lines):
+            color = palette[i % len(palette)]
+            for k, step in enumerate(steps):
+                for what, ls in shown:
+                    sel = tele[
+                        (tele[by] == line)
+                        & (tele["step"] == step)
+                        & (tele["direction"] == direction)
+                        & (tele["stat"] == what)
+                    ]
+                    if sel.empty:
+                        continue
+                    g = sel.groupby("layer")["value"]
+                    x = np.array([position[layer] for layer in g.median().index])
+                    order = np.argsort(x)
+                    med, lo, hi = (v.to_numpy()[order] for v in (g.median(), g.min(), g.max()))
+                    style = ls if len(steps) == 1 else _LINESTYLES[k % 4]
+                    alpha = 1.0 if what == stat else 0.7
+                    ax.plot(x[order], med, color=color, ls=style, lw=1.5, alpha=alpha, marker=".")
+                    ax.fill_between(x[order], lo, hi, color=color, alpha=0.15, lw=0)
+                    if direction == directions[0]:
+                        label = str(line) + (f", step {step}" if len(steps) > 1 else "")
+                        label += ", the op's own error" if what == "local" else ""
+                        handles.append(Line2D([], [], color=color, ls=style, label=label))
+        name = "forward: output y" if direction == "fwd" else "backward: cotangent dy"
+        ax.set_title(name)
+        ax.set_xticks(np.arange(len(layers)), layers, rotation=90, fontsize="x-small")
+        ax.set_xlabel("layer (depth order)")
+        if stat == "rel_drift" and (tele["value"] > 0).any():
+            ax.set_yscale("log")
+    axes[0].set_ylabel("‖y_q − y‖ / ‖y‖" if stat == "rel_drift" else "cos(dy_q, dy)")
+    fig.legend(handles=handles, loc="outside right upper", fontsize="small", frameon=False)
+    when = f"step {steps[0]}" if len(steps) == 1 else "steps " + ", ".join(map(str, steps))
+    fig.suptitle(f"drift against the high-precision shadow by depth, {when} (median, min-max)")
     return fig
 
 
@@ -222,7 +374,8 @@ def loss_curves(
     if gap and (curves["value"] > 0).any():
         ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel(f"{metric} - floor" if gap else metric)
+    unit = " (nats)" if metric in ("loss", "eval_loss") else ""
+    ax.set_ylabel(f"{metric} − floor{unit}" if gap else f"{metric}{unit}")
     what = "min–max" if band == "minmax" else "interquartile range"
     ax.set_title(f"{metric}: median over seeds, band = {what}")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
@@ -334,7 +487,7 @@ def gnr_curves(
         panels = [c for c in _cells(runs, by) if c in set(tele[by])]
     else:
         tele, panels = tele.assign(**{by: "all runs"}), ["all runs"]
-    layers = frames.layer_order(tele.loc[tele["value"].notna(), "layer"])
+    layers = frames.layer_order(tele.loc[tele["value"].notna(), "layer"], frames.depths(metrics))
     colors = dict(zip(layers, sns.color_palette("mako", len(layers)), strict=True))
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
@@ -443,10 +596,14 @@ def _figures(runs: pd.DataFrame, metrics: pd.DataFrame) -> Iterator[tuple[str, F
     def known(column: str) -> bool:
         return bool(np.isfinite(ok[column].astype(np.float64)).any())
 
+    floors = ok["loss_floor"].astype(np.float64) if "loss_floor" in ok else pd.Series([])
+    gap = bool(len(floors)) and bool(np.isfinite(floors).all())  # the gap to the optimum, log y
     for metric in ("loss", "eval_loss"):
-        if metric in names:
-            yield f"{metric}_curves", loss_curves(runs, metrics, metric=metric)
-    if len(ok):
+        points = metrics.loc[metrics["metric"] == metric].groupby("run_id").size()
+        if len(points) and points.max() >= 2:  # a curve needs two points; else the ladders say it
+            yield f"{metric}_curves", loss_curves(runs, metrics, metric=metric, gap=gap)
+    failed = (runs["status"] != "ok").any() or ok["diverged"].astype(bool).any()
+    if len(ok) and failed:  # nothing diverged: no figure of zeros
         rates = tables.divergence_rate(runs)
         cols = zip(rates["cell"], rates["diverged"], rates["n"], strict=True)
         rates["label"] = [f"{c} ({d}/{n})" for c, d, n in cols]
@@ -479,13 +636,27 @@ def _figures(runs: pd.DataFrame, metrics: pd.DataFrame) -> Iterator[tuple[str, F
             fig = ladder(shares, "share", label="factor", percent=True, title=title)
             yield f"variance_{outcome}", fig
     quant = {n.split("/")[-1] for n in names if n.startswith("quant/")}
-    for stat in ("rel_err", "bias"):
-        for cell in _cells(runs, "cell") if stat in quant else ():
+    drift = {n.split("/")[-1] for n in names if n.startswith("acc/")}
+    heatmaps = [(s, "quant") for s in ("rel_err", "bias") if s in quant]
+    heatmaps += [(s, "acc") for s in ("rel_drift",) if s in drift]
+    for stat, kind in heatmaps:
+        # one colour scale for every cell of a statistic, so the cells compare
+        prefix = "acc/" if kind == "acc" else "quant/"
+        values = metrics.loc[
+            metrics["metric"].str.startswith(prefix) & metrics["metric"].str.endswith("/" + stat),
+            "value",
+        ]
+        norm = heatmap_norm(values, stat)
+        for cell in _cells(runs, "cell"):
             try:
-                fig = gradient_flow_heatmap(metrics, stat, runs=runs, cell=cell)
+                fig = gradient_flow_heatmap(
+                    metrics, stat, runs=runs, cell=cell, kind=kind, norm=norm
+                )
             except ValueError:  # no telemetry in this cell
                 continue
             yield f"heatmap_{stat}_{_slug(cell)}", fig
+    if "rel_drift" in drift:
+        yield "drift_vs_depth", drift_vs_depth(metrics, runs)
     if any(n.startswith("grad/") and n.endswith("/gnr") for n in names):
         yield "gradient_to_noise", gnr_curves(metrics, runs)
 

@@ -10,6 +10,11 @@
 in the order of `fp4lab.schema.STATS`, after any Hadamard rotation. The quantizer's own blocks
 (`fp4lab.core.quantize.quantize_blocks`) are measured, so x_hat is bit for bit what
 `quantize(...).dequantize(rotated=True)` gives.
+
+Two comparisons of a tensor with a reference, for the drift telemetry:
+
+    relative_drift(a, ref)   ||a - ref|| / ||ref||   (0 when a == ref, +inf when only ref is 0)
+    cosine(a, b)             <a, b> / (||a|| ||b||)  (1 when both are 0, 0 when one is)
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from fp4lab.core import formats, scaling
 from fp4lab.core.quantize import dequantize_blocks, grid_values, quantize_blocks, restore
 from fp4lab.core.spec import QuantSpec
 
-__all__ = ["operand_stats"]
+__all__ = ["operand_stats", "relative_drift", "cosine"]
 
 
 @functools.partial(jax.jit, static_argnames="spec")
@@ -57,3 +62,22 @@ def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None
     stats = jnp.stack([rel, bias, flush, saturated, underflow, map4]).astype(jnp.float32)
     x_hat = restore(scaling.unblock(xhat_b), spec, a.shape, a.dtype, transform_key, rotated=True)
     return x_hat, stats
+
+
+def relative_drift(a: jax.Array, ref: jax.Array) -> jax.Array:
+    """||a - ref|| / ||ref|| in float32 over all elements; 0 when a == ref, +inf when ref is all
+    zero and a is not."""
+    a, ref = a.astype(jnp.float32).ravel(), ref.astype(jnp.float32).ravel()
+    n_diff, n_ref = jnp.linalg.norm(a - ref), jnp.linalg.norm(ref)
+    safe = jnp.where(n_ref > 0, n_ref, 1.0)
+    return jnp.where(n_ref > 0, n_diff / safe, jnp.where(n_diff == 0, 0.0, jnp.inf))
+
+
+def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
+    """<a, b> / (||a|| ||b||) in float32 over all elements; 1 when both are all zero, 0 when one
+    is."""
+    a, b = a.astype(jnp.float32).ravel(), b.astype(jnp.float32).ravel()
+    na, nb = jnp.linalg.norm(a), jnp.linalg.norm(b)
+    both = na * nb
+    cos = jnp.dot(a, b) / jnp.where(both > 0, both, 1.0)
+    return jnp.where(both > 0, cos, jnp.where(na == nb, 1.0, 0.0))

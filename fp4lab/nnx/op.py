@@ -17,10 +17,16 @@ the scan hands each layer its own slice: its index, its keys (folded from the la
 path "blocks.<i>.attn.query", as in the unscanned model), its histories and statistics. Each
 layer has its own recipe; inside the scan the op selects it with lax.switch over the distinct
 recipes, so the compiled program holds each recipe once, whatever the depth.
+
+Accumulated-drift telemetry (`fp4lab.nnx.telemetry`) works on copies of the model: with `drift`
+on, an op keeps each call's output in a `DriftCapture` and passes it through a `DriftTap` whose
+cotangent is the cotangent arriving at the output; a `shadow` op computes its GEMMs in high
+precision and, with `drift`, also the error its recipe alone would add on the shadow's input.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import zlib
 
@@ -29,6 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4lab.core import recipes
+from fp4lab.core.stats import relative_drift
 from fp4lab.nnx.state import AmaxHistory, GradProbe, LayerIndex, OpStats, QuantKey
 from fp4lab.ops.conv import qconv_general_dilated
 from fp4lab.ops.dot_general import qdot_general
@@ -41,7 +48,24 @@ __all__ = [
     "QuantizedConv",
     "QuantizedAttention",
     "einsum_dimension_numbers",
+    "record_calls",
 ]
+
+
+_CALLS: list | None = None  # while `record_calls` runs: the ops called, in order (at trace time)
+
+
+@contextlib.contextmanager
+def record_calls():
+    """Records the paths of the quantized ops called inside the block, in call order, as
+    they are traced (an op standing for stacked layers once per trace of the scanned body):
+    the forward's order, which telemetry turns into each layer's depth."""
+    global _CALLS
+    outer, _CALLS = _CALLS, []
+    try:
+        yield _CALLS
+    finally:
+        _CALLS = outer
 
 
 def _history(choices, names: tuple[str, ...]) -> tuple[int, str]:
@@ -113,6 +137,9 @@ class QuantizedOp(nnx.Module):
             self.fstats = OpStats(jnp.zeros((*lead, c, len(FWD_OPERANDS), n), jnp.float32))
         else:
             self.probe = self.fstats = None
+        # accumulated-drift telemetry, switched on in copies only (fp4lab.nnx.telemetry)
+        self.drift = False  # static: keep outputs (DriftCapture), tap cotangents (DriftTap)
+        self.shadow = False  # static: compute in high precision (the drift's reference)
         if any(r.needs_key for r in choices):
             if key is None:
                 raise ValueError(
@@ -133,7 +160,10 @@ class QuantizedOp(nnx.Module):
         return [self.path]
 
     def next_key(self) -> jax.Array | None:
-        """The quantization key of this call (None for a deterministic recipe)."""
+        """The quantization key of this call (None for a deterministic recipe); every call of
+        the op draws one, first thing, so this is also where a call is recorded."""
+        if _CALLS is not None:
+            _CALLS.append(self.path)
         if self.qbase is None:
             return None
         count = self.qcount[...]
@@ -157,11 +187,26 @@ class QuantizedOp(nnx.Module):
 
     def _record(self, out, probe, call: int):
         """The op's output; with telemetry, keeps the forward statistics of `call`."""
-        if probe is None:
-            return out
-        y, stats = out
-        self.fstats[...] = self.fstats[...].at[call].set(stats)
-        return y
+        if probe is not None:
+            out, stats = out
+            self.fstats[...] = self.fstats[...].at[call].set(stats)
+        return self._drift(out, call)
+
+    def _drift(self, y, call: int):
+        """With drift on: keeps the output of `call` and taps its cotangent (when tapped)."""
+        if not self.drift:
+            return y
+        getattr(self, f"drift_y{call}").set_value(y)
+        tap = getattr(self, f"drift_dy{call}", None)
+        return y if tap is None else _tapped(y, tap[...])
+
+    def _shadow(self, y, quantized, call: int):
+        """A shadow op's output: the high-precision `y`; with drift, keeps the local error,
+        ||q(x) - y|| / ||y||, of `quantized()` (the recipe's output on the same inputs)."""
+        if self.drift:
+            err = relative_drift(jax.lax.stop_gradient(quantized()), y)
+            self.drift_local[...] = self.drift_local[...].at[call].set(err)
+        return self._drift(y, call)
 
     def dot_general(
         self,
@@ -188,15 +233,22 @@ class QuantizedOp(nnx.Module):
             preferred_element_type=preferred_element_type,
             out_sharding=out_sharding,
         )
+        if self.shadow:
+            inputs = jax.lax.stop_gradient((lhs, rhs))
+            quantized = functools.partial(self._dispatch, dot, *inputs, key, None, amax)
+            return self._shadow(dot(None, lhs, rhs, None, None, {}), quantized, call)
+        return self._record(self._dispatch(dot, lhs, rhs, key, probe, amax), probe, call)
+
+    def _dispatch(self, dot, lhs, rhs, key, probe, amax):
+        """`dot` under this op's recipe (a stacked op: under this layer's)."""
         if not self.layers:
-            out = dot(self.recipe, lhs, rhs, key, probe, amax)
-        elif len(self.branches) == 1:
-            out = dot(self.branches[0], lhs, rhs, key, probe, amax)
-        else:  # this layer's recipe: one branch per distinct recipe of the stack
-            which = jnp.asarray([self.branches.index(r) for _, r in self.layers], jnp.int32)
-            fns = [functools.partial(dot, r) for r in self.branches]
-            out = jax.lax.switch(which[self.layer[...]], fns, lhs, rhs, key, probe, amax)
-        return self._record(out, probe, call)
+            return dot(self.recipe, lhs, rhs, key, probe, amax)
+        if len(self.branches) == 1:
+            return dot(self.branches[0], lhs, rhs, key, probe, amax)
+        # this layer's recipe: one branch per distinct recipe of the stack
+        which = jnp.asarray([self.branches.index(r) for _, r in self.layers], jnp.int32)
+        fns = [functools.partial(dot, r) for r in self.branches]
+        return jax.lax.switch(which[self.layer[...]], fns, lhs, rhs, key, probe, amax)
 
     def _dot(self, recipe, lhs, rhs, key, probe, amax, **dot_args):
         """qdot_general under `recipe`; None: the plain dot_general (zero statistics)."""
@@ -257,10 +309,15 @@ class QuantizedConv(QuantizedOp):
     delayed_scaling = False
 
     def __call__(self, *args, **kwargs):
+        key = self.next_key()
+        if self.shadow:
+            plain = self.original or jax.lax.conv_general_dilated
+            inputs = jax.lax.stop_gradient(args[:2])
+            conv = functools.partial(qconv_general_dilated, recipe=self.recipe, key=key)
+            quantized = functools.partial(conv, *inputs, *args[2:], **kwargs)
+            return self._shadow(plain(*args, **kwargs), quantized, 0)
         probe = self._probe(0)
-        out = qconv_general_dilated(
-            *args, recipe=self.recipe, key=self.next_key(), probe=probe, **kwargs
-        )
+        out = qconv_general_dilated(*args, recipe=self.recipe, key=key, probe=probe, **kwargs)
         return self._record(out, probe, 0)
 
 
@@ -326,6 +383,25 @@ class QuantizedAttention(QuantizedOp):
             mask_d = jax.random.bernoulli(dropout_rng, keep, shape)
             w = jnp.where(mask_d, w / keep, 0.0).astype(dtype)
         return self.einsum("...hqk,...khd->...qhd", w, value, precision, key=k_v, call=1)
+
+
+@jax.custom_vjp
+def _tapped(y, tap):
+    """y itself; the cotangent of `tap` (zeros shaped like y) is the cotangent of y."""
+    del tap
+    return y
+
+
+def _tapped_fwd(y, tap):
+    del tap
+    return y, None
+
+
+def _tapped_bwd(_, g):
+    return g, g
+
+
+_tapped.defvjp(_tapped_fwd, _tapped_bwd)
 
 
 def einsum_dimension_numbers(spec: str, lhs_shape, rhs_shape):

@@ -12,8 +12,26 @@ same parameters and batch: cosine, relative norm ||g_q|| / ||g||, and the gradie
 ratio ||g|| / ||g_q - g|| (Chmiel et al. 2025, arXiv 2505.19115: training stalls below sqrt(3)).
 The ratio is +inf when g_q == g exactly (the documented sentinel for "no noise").
 
+Accumulated drift (`value_and_grad(..., shadow=True)`): where the statistics above measure the
+error each GEMM adds to its own inputs, the drift measures what has accumulated by the time a
+layer is reached. The shadow is the same model, parameters, batch and keys with every quantized
+op computing in high precision, each op fed by its own previous layers. Per quantized op:
+
+    acc/<layer>/fwd/rel_drift   ||y_q - y|| / ||y||     the op's output, quantized model vs shadow
+    acc/<layer>/fwd/local       ||q(y) - y|| / ||y||    the error the op alone adds when fed the
+                                                        shadow's input (its recipe, the same key)
+    acc/<layer>/bwd/rel_drift   ||dy_q - dy|| / ||dy||  the cotangent arriving at the output
+    acc/<layer>/bwd/cos         cos(dy_q, dy)
+
+captured at the op seam on copies of the model: outputs are kept in `DriftCapture` variables and
+cotangents leave through `DriftTap` inputs (zeros added to the output by an identity whose
+cotangent is the output's), whose shapes a `jax.eval_shape` of the forward finds first. The
+model's own step is the same computation with or without it (bit for bit).
+
 Metrics are flat dicts with the keys of `fp4lab.schema` (`quant/<layer>/<gemm>/<operand>/<stat>`,
-`grad/<layer>/<stat>`); `fp4lab.analysis.to_frame` turns them into tidy rows.
+`grad/<layer>/<stat>`, `acc/<layer>/<direction>/<stat>`, and `depth/<layer>`: each layer's
+position in the forward's order of quantized ops, recorded as the step is traced, so figures can
+order layers by depth); `fp4lab.analysis.to_frame` turns them into tidy rows.
 """
 
 from __future__ import annotations
@@ -22,16 +40,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp4lab.core.stats import operand_stats
-from fp4lab.nnx.op import QuantizedOp
+from fp4lab.core.stats import cosine, operand_stats, relative_drift
+from fp4lab.nnx.op import QuantizedOp, record_calls
 from fp4lab.nnx.rules import unquantize
-from fp4lab.nnx.state import GradProbe, OpStats
+from fp4lab.nnx.state import DriftCapture, DriftTap, GradProbe, OpStats
 from fp4lab.schema import (
+    ACC_STATS,
     BWD_OPERANDS,
     FWD_OPERANDS,
     GRAD_STATS,
     SQRT3,
     STATS,
+    acc_key,
+    depth_key,
     grad_key,
     quant_key,
 )
@@ -41,12 +62,14 @@ __all__ = [
     "FWD_OPERANDS",
     "BWD_OPERANDS",
     "GRAD_STATS",
+    "ACC_STATS",
     "SQRT3",
     "GradProbe",
     "OpStats",
     "operand_stats",
     "value_and_grad",
     "collect",
+    "depths",
     "set_enabled",
     "exact_grads",
     "shadow_metrics",
@@ -105,22 +128,157 @@ def collect(model, probe_grads=None) -> dict[str, jax.Array]:
     return metrics
 
 
-def value_and_grad(loss_fn, *, has_aux: bool = False):
+def depths(model, calls) -> dict[str, jax.Array]:
+    """depth/<layer> of every measured layer: its position in the forward's order, from the
+    op paths `calls` (`fp4lab.nnx.op.record_calls`). Ops standing for stacked layers that are
+    called one after the other are one scanned body: its layers follow each other in stack
+    order, each with the body's ops in call order."""
+    ops = {op.path: op for op in _ops(model)}
+    order: dict[str, tuple[int, int, int]] = {}
+    body = -1  # the first call of the scanned body being read
+    for n, path in enumerate(calls):
+        op = ops.get(path)
+        stacked = op is not None and bool(op.layers)
+        body = (body if body >= 0 else n) if stacked else -1
+        if op is None:
+            continue
+        high = {p for p, r in op.layers if r is None}
+        for i, layer in enumerate(op.stat_layers()):
+            if layer not in high:
+                order.setdefault(layer, (body, i, n) if stacked else (n, i, 0))
+    ranked = sorted(order, key=order.get)
+    return {depth_key(layer): jnp.float32(d) for d, layer in enumerate(ranked)}
+
+
+def value_and_grad(loss_fn, *, has_aux: bool = False, shadow: bool = False):
     """Like nnx.value_and_grad(loss_fn) on the model (first argument), with telemetry.
 
     Returns a function (model, *args) -> (value, param_grads, metrics): the Param gradients
-    only (feed them to the optimizer) and the flat telemetry metrics.
+    only (feed them to the optimizer) and the flat telemetry metrics. With `shadow`, the
+    metrics also hold the shadow gradients' statistics (`shadow_metrics`; they are
+    scale-invariant, so a loss scale in `loss_fn` leaves them unchanged) and the accumulated
+    drift of every measured op (module docstring); the model, its state updates and the
+    gradients are the same as without it.
     """
 
     def wrapped(model, *args, **kwargs):
+        if shadow:
+            return _with_shadow(loss_fn, has_aux, model, args, kwargs)
         diff = nnx.DiffState(0, nnx.Any(nnx.Param, GradProbe))
-        value, grads = nnx.value_and_grad(loss_fn, argnums=diff, has_aux=has_aux)(
-            model, *args, **kwargs
-        )
+        with record_calls() as calls:
+            value, grads = nnx.value_and_grad(loss_fn, argnums=diff, has_aux=has_aux)(
+                model, *args, **kwargs
+            )
         param_grads, probe_grads = nnx.split_state(grads, nnx.Param, GradProbe)
-        return value, param_grads, collect(model, probe_grads)
+        return value, param_grads, collect(model, probe_grads) | depths(model, calls)
 
     return wrapped
+
+
+def _with_shadow(loss_fn, has_aux, model, args, kwargs):
+    """value_and_grad with the shadow: the step runs on a copy of `model` that keeps outputs and
+    taps cotangents, and the copy's state (less those) is written back into `model`."""
+    shapes = _output_shapes(loss_fn, model, args, kwargs)
+    quantized = _attach(nnx.clone(model), shapes)
+    reference = nnx.clone(quantized)  # before the step: the same keys and amax histories
+    for _, m in nnx.iter_modules(reference):
+        if isinstance(m, QuantizedOp):
+            m.shadow, m.measure = True, False
+    diff = nnx.DiffState(0, nnx.Any(nnx.Param, GradProbe, DriftTap))
+    with record_calls() as calls:
+        value, grads = nnx.value_and_grad(loss_fn, argnums=diff, has_aux=has_aux)(
+            quantized, *args, **kwargs
+        )
+    param_grads, probe_grads, taps = nnx.split_state(grads, nnx.Param, GradProbe, DriftTap)
+    metrics = collect(quantized, probe_grads) | depths(quantized, calls)
+    nnx.update(model, nnx.state(quantized, nnx.Not(nnx.Any(DriftTap, DriftCapture))))
+    nnx.update(quantized, taps)  # the taps now hold the cotangents of the outputs
+
+    diff = nnx.DiffState(0, nnx.Any(nnx.Param, DriftTap))
+    exact = nnx.grad(loss_fn, argnums=diff, has_aux=has_aux)(reference, *args, **kwargs)
+    exact, ref_taps = nnx.split_state(exact[0] if has_aux else exact, nnx.Param, DriftTap)
+    nnx.update(reference, ref_taps)
+    metrics |= shadow_metrics(param_grads, exact)
+    return value, param_grads, metrics | _drift_metrics(quantized, reference)
+
+
+def _output_shapes(loss_fn, model, args, kwargs) -> dict[str, list[jax.ShapeDtypeStruct]]:
+    """{op path: the shape of each call's output (stacked ops: with the layer axis)} of every
+    measured op, from a trace of the loss on a copy (nothing is computed)."""
+
+    def outputs():
+        copy = _attach(nnx.clone(model), None)
+        loss_fn(copy, *args, **kwargs)
+        return {
+            op.path: [_var(op, "drift_y", c)[...] for c in range(op.calls)] for op in _ops(copy)
+        }
+
+    return jax.eval_shape(outputs)
+
+
+def _var(op, name: str, call: int):
+    return getattr(op, f"{name}{call}")
+
+
+def _attach(model, shapes):
+    """Switches drift on in the measured ops of `model` (a copy) and gives them its variables:
+    outputs, and with `shapes` the taps (without: placeholders whose shape the trace sets)."""
+    for op in _ops(model):
+        lead = (len(op.layers),) if op.layers else ()
+        for c in range(op.calls):
+            if shapes is None:
+                setattr(op, f"drift_y{c}", DriftCapture(jnp.zeros(lead, jnp.float32)))
+                continue
+            out = shapes[op.path][c]
+            setattr(op, f"drift_y{c}", DriftCapture(jnp.zeros(out.shape, out.dtype)))
+            setattr(op, f"drift_dy{c}", DriftTap(jnp.zeros(out.shape, out.dtype)))
+        op.drift_local = DriftCapture(jnp.zeros((*lead, op.calls), jnp.float32))
+        op.drift = True
+    return model
+
+
+def _rows(op, name: str) -> list[jax.Array]:
+    """The variable `name` of each of the op's GEMM calls, in `stat_layers` order."""
+    per_call = [_var(op, name, c)[...] for c in range(op.calls)]
+    if not op.layers:
+        return per_call
+    return [a[i] for i in range(len(op.layers)) for a in per_call]
+
+
+def _drift_metrics(quantized, reference) -> dict[str, jax.Array]:
+    """acc/ metrics of every measured op: the quantized copy against the shadow copy."""
+    metrics = {}
+    shadows = {op.path: op for op in _ops_with_drift(reference)}
+    for op in _ops(quantized):
+        ref = shadows[op.path]
+        high = {p for p, r in op.layers if r is None}  # stacked layers left unquantized
+        layers = op.stat_layers()
+        rows = zip(
+            layers,
+            _rows(op, "drift_y"),
+            _rows(ref, "drift_y"),
+            _rows(op, "drift_dy"),
+            _rows(ref, "drift_dy"),
+            ref.drift_local[...].reshape(-1),
+            strict=True,
+        )
+        for layer, y_q, y, dy_q, dy, local in rows:
+            if layer in high:
+                continue
+            values = {
+                ("fwd", "rel_drift"): relative_drift(y_q, y),
+                ("fwd", "local"): local,
+                ("bwd", "rel_drift"): relative_drift(dy_q, dy),
+                ("bwd", "cos"): cosine(dy_q, dy),
+            }
+            metrics |= {acc_key(layer, d, stat): v for (d, stat), v in values.items()}
+    return metrics
+
+
+def _ops_with_drift(model):
+    for _, m in nnx.iter_modules(model):
+        if isinstance(m, QuantizedOp) and m.drift:
+            yield m
 
 
 def exact_grads(loss_fn, model, *args, **kwargs):

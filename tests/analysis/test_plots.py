@@ -189,7 +189,15 @@ def test_standard_figures_skip_absent_data(tmp_path):
     runs = plain.runs[plain.runs["recipe"] == "nvfp4"].assign(target_loss=np.nan, loss_gap=np.nan)
     empty = Results(runs, plain.metrics.iloc[:0])
     names = [p.stem for p in plots.standard_figures(empty, tmp_path / "bare")]
-    assert names == ["divergence_rate"]
+    assert names == []  # nothing diverged: no divergence figure of zeros
+    # one eval point per run is not a curve; nothing diverged: no divergence figure
+    one_eval = plain.metrics[
+        (plain.metrics["metric"] != "eval_loss") | (plain.metrics["step"] == 0)
+    ]
+    alive = plain.runs.assign(diverged=False)
+    names = [p.stem for p in plots.standard_figures(Results(alive, one_eval), tmp_path / "one")]
+    assert "loss_curves" in names and "eval_loss_curves" not in names
+    assert "divergence_rate" not in names
     assert plots.standard_figures(Results(runs.iloc[:0], empty.metrics), tmp_path / "none") == []
 
 
@@ -211,8 +219,13 @@ def test_report_of_a_bare_sweep(tmp_path):
     path = report.write_report(Results(runs, plain.metrics.iloc[:0]), tmp_path / "bare.html")
     assert path == tmp_path / "bare.html"
     page = path.read_text(encoding="utf-8")
-    assert page.count("<img") == 1 and "tokens to target" not in page
+    assert page.count("<img") == 0 and "tokens to target" not in page  # nothing to draw
     # three seed triples (i, i, i): one seed factor with 3 levels, judged
     assert "<td>init=data=quant</td>" in page and "too few seeds" not in page.split("Methods")[0]
     two = report.write_report(Results(runs.iloc[:2], plain.metrics.iloc[:0]), tmp_path / "2.html")
     assert "<td>too few seeds</td>" in two.read_text(encoding="utf-8")  # 2 levels: no interval
+
+
+def test_standard_loss_curves_show_the_gap_to_the_floor_on_a_log_scale(results):
+    ax = dict(plots.iter_figures(results))["loss_curves"].axes[0]
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "loss − floor (nats)"

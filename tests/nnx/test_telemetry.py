@@ -203,8 +203,13 @@ def test_fp32_recipe_gives_perfect_shadow_and_zero_fractions():
             assert float(v) == pytest.approx(1.0, abs=1e-6), k
         if k.endswith("/gnr"):
             assert math.isinf(float(v)), k
+    assert {k: float(v) for k, v in metrics.items() if k.startswith("depth/")} == {
+        "depth/up": 0.0,  # the layers in the forward's order
+        "depth/down": 1.0,
+    }
     for k, v in metrics.items():
-        assert float(v) == 0.0, k
+        if not k.startswith("depth/"):
+            assert float(v) == 0.0, k
 
 
 def test_nvfp4_shadow_metrics_are_sensible():
