@@ -1,7 +1,7 @@
-"""The `fp4lab` command.
+"""The `fp4lab` command (bare `fp4lab` prints the help with examples).
 
-fp4lab run EXPERIMENT [--out DIR] [--seeds N] [--steps N] [--dry-run] [--workers N]
-                      [--force] [--rerun-stale]
+fp4lab run EXPERIMENT [--out DIR] [--seeds N] [--steps N] [--set FIELD=VALUE ...] [--dry-run]
+                      [--workers N] [--force] [--rerun-stale]
                       [--executor local|ray] [--address ADDR] [--ray-cpus N] [--ray-gpus N]
                       [--max-retries N]
 fp4lab ls RESULTS          runs per cell (done, failed, missing) and the stale runs
@@ -11,6 +11,9 @@ fp4lab show RESULTS --stale    the same for the stale runs (the file no longer a
 fp4lab plot RESULTS        the standard figures, as PNG files in RESULTS/figures
 fp4lab report RESULTS      one self-contained HTML page: RESULTS/report.html
 fp4lab formats | demo      the element formats; a tour of the toolkit
+
+Options are never abbreviated (`--seed` is an error, not `--seeds`). A folder given to show,
+plot or report that is not a results folder (no experiment.json, no runs/) is an error.
 """
 
 from __future__ import annotations
@@ -42,7 +45,21 @@ def _demo(_args) -> int:
 def _load_experiment(args):
     from fp4lab import sweep
 
-    return sweep.load_experiment(args.experiment, seeds=args.seeds, steps=args.steps)
+    overrides = sweep.parse_overrides(args.set or ())
+    if args.telemetry is not None:  # shorthand: telemetry with the high-precision shadow
+        both = {"telemetry_every", "shadow"} & set(overrides)
+        if both:
+            raise sweep.ExperimentError(
+                f"--telemetry {args.telemetry} and --set {sorted(both)[0]}=...: give it once"
+            )
+        overrides |= {"telemetry_every": args.telemetry, "shadow": True}
+    if args.steps is not None and "steps" in overrides:
+        raise sweep.ExperimentError(
+            f"--steps {args.steps} and --set steps={overrides['steps']!r}: give the steps once"
+        )
+    return sweep.load_experiment(
+        args.experiment, seeds=args.seeds, steps=args.steps, overrides=overrides
+    )
 
 
 def compile_cache_folder() -> Path:
@@ -71,6 +88,9 @@ def _run(args) -> int:
         st = store.Store(out)
         runner.check_owner(exp, st, args.force)
         print(f"{exp.name}: {len(exp.cells)} cells, {exp.n_runs} runs -> {out}")
+        if exp.overrides:
+            values = (f"{k}={getattr(exp.base, k)!r}" for k in exp.overrides)
+            print("  for every cell: " + ", ".join(values))
         for cell in exp.cells:
             done = sum(st.finished(r) for r in cell.run_ids())
             seeds = " ".join("/".join(map(str, s)) for s in cell.seeds)
@@ -94,6 +114,10 @@ def _run(args) -> int:
         progress=not args.quiet,
         force=args.force,
         rerun_stale=args.rerun_stale,
+        progress_every=(None if args.stream else 0)
+        if args.progress_every is None
+        else args.progress_every,
+        stream=args.stream,
         **options,
     )
     print(
@@ -187,10 +211,36 @@ def _cells_of(labelled) -> list[dict]:
     return [{"label": k, "run_ids": v} for k, v in cells.items()]
 
 
+def _results_folder(path) -> Path:
+    """`path` as a results folder: one holding experiment.json or runs/.
+
+    Raises:
+      StoreError: `path` is a file, or a folder that is not a results folder (the message
+        names the results folders inside it, if any). FileNotFoundError: no such folder.
+    """
+    from fp4lab.sweep.records import StoreError
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no results folder at {path}")
+    if not path.is_dir():
+        raise StoreError(f"{path} is a file; give a results folder (the one holding runs/)")
+    if (path / "experiment.json").is_file() or (path / "runs").is_dir():
+        return path
+    inside = sorted(
+        str(p) for p in path.iterdir() if (p / "experiment.json").is_file() or (p / "runs").is_dir()
+    )
+    where = f"; the results folders in it: {', '.join(inside)}" if inside else ""
+    raise StoreError(
+        f"{path} is not a results folder (no experiment.json, no runs/): `fp4lab run "
+        f"EXPERIMENT --out {path}` makes one{where}"
+    )
+
+
 def _show(args) -> int:
     from fp4lab.sweep import store
 
-    results = store.load(args.results, stale=args.stale)
+    results = store.load(_results_folder(args.results), stale=args.stale)
     name = (results.experiment or {}).get("name", Path(args.results).name)
     if args.stale:
         print(f"{name}: stale runs, per config ([stale <config id>]), never pooled with current")
@@ -220,8 +270,9 @@ def _plot(args) -> int:
     from fp4lab.analysis import plots
     from fp4lab.sweep import store
 
+    results = store.load(_results_folder(args.results))
     out = Path(args.out) if args.out else Path(args.results) / "figures"
-    for path in plots.standard_figures(store.load(args.results), out):
+    for path in plots.standard_figures(results, out):
         print(path)
     return 0
 
@@ -230,33 +281,147 @@ def _report(args) -> int:
     from fp4lab.analysis import report
     from fp4lab.sweep import store
 
-    print(report.write_report(store.load(args.results), args.out or args.results))
+    results = store.load(_results_folder(args.results))
+    if results.runs.empty:
+        print(
+            f"fp4lab report: error: {args.results} holds no runs of its experiment yet; nothing "
+            f"to report (fp4lab ls {args.results})",
+            file=sys.stderr,
+        )
+        return 1
+    print(report.write_report(results, args.out or args.results))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fp4lab", description=fp4lab.__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"fp4lab {fp4lab.__version__}")
-    sub = parser.add_subparsers(dest="command")
-    sub.add_parser("formats", help="list the element formats").set_defaults(func=_formats)
-    sub.add_parser("demo", help="formats, a quantized model, telemetry").set_defaults(func=_demo)
+EXAMPLES = """examples:
+  fp4lab run experiments/quickstart.py --workers 2       run a sweep (resumes where it stopped)
+  fp4lab run experiments/quickstart.py --dry-run         its cells and seeds, what is finished
+  fp4lab run experiments/quickstart.py --set lr=1e-3 --set d_model=128
+                                                         the same sweep with other config values
+  fp4lab run experiments/quickstart.py --telemetry 25    with per-layer error and drift telemetry
+  fp4lab plot results/quickstart                         its figures, drift heatmaps included
+  fp4lab ls results                                      runs per cell of every results folder
+  fp4lab show results/quickstart                         the summary table
+  fp4lab report results/quickstart                       one HTML page with tables and figures
+  fp4lab formats                                         the element formats
+  fp4lab run -h                                          the options of one command
+"""
 
-    run = sub.add_parser("run", help="run an experiment file (resumes where it stopped)")
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that never takes an abbreviation for an option (`--seed` is an
+    error, not `--seeds`); the subcommands' parsers are made of this class too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def _number(kind: type, low: int):
+    """An argparse type: a `kind` (int or float) >= `low`, else a clear error."""
+    what = f"{'an integer' if kind is int else 'a number'} >= {low}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value >= low:  # `not >=`: NaN is rejected too
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the `fp4lab` command: every subcommand and option with its help."""
+    parser = _Parser(
+        prog="fp4lab",
+        description=fp4lab.__doc__.splitlines()[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"fp4lab {fp4lab.__version__}")
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for name, fn, text in (
+        ("formats", _formats, "list the element formats"),
+        ("demo", _demo, "a tour: formats, a quantized model, telemetry"),
+    ):
+        sub.add_parser(name, help=text, description=text).set_defaults(func=fn)
+
+    text = "run an experiment file (resumes where it stopped)"
+    run = sub.add_parser("run", help=text, description=text)
     run.add_argument("experiment", help="a Python file with get_config() and sweep(add)")
-    run.add_argument("--out", help="results folder (default: results/<experiment name>)")
-    run.add_argument("--seeds", type=int, help="run seeds 0..N-1 in every cell")
-    run.add_argument("--steps", type=int, help="override the number of steps of every cell")
+    run.add_argument(
+        "--out", metavar="DIR", help="results folder (default: results/<experiment name>)"
+    )
+    run.add_argument(
+        "--seeds", type=_number(int, 1), metavar="N", help="run seeds 0..N-1 in every cell"
+    )
+    run.add_argument(
+        "--steps",
+        type=_number(int, 1),
+        metavar="N",
+        help="override the number of steps of every cell",
+    )
+    run.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="set a config field in every cell, e.g. --set lr=1e-3 --set d_model=128 "
+        "(repeatable; the value is parsed as the field's type; checked like the file)",
+    )
+    run.add_argument(
+        "--telemetry",
+        type=_number(int, 1),
+        metavar="K",
+        help="every K steps, record the telemetry of every quantized GEMM with the "
+        "high-precision shadow: operand errors (quant/), gradients against the exact ones "
+        "(grad/) and the drift of each layer's activations and gradients (acc/); the same as "
+        "--set telemetry_every=K --set shadow=True",
+    )
     run.add_argument("--dry-run", action="store_true", help="list the cells and stop")
-    run.add_argument("--executor", choices=("local", "ray"), default="local")
     run.add_argument(
-        "--address", help="ray: the cluster to join (default: RAY_ADDRESS, else start one here)"
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where cells compute: local (this machine, --workers processes) or ray (one Ray "
+        "task per cell; see --address) (default local)",
     )
-    run.add_argument("--ray-cpus", type=float, default=1, help="ray: CPUs per cell (default 1)")
-    run.add_argument("--ray-gpus", type=float, default=0, help="ray: GPUs per cell (default 0)")
     run.add_argument(
-        "--max-retries", type=int, default=3, help="ray: reruns of a cell whose worker died (3)"
+        "--address",
+        metavar="ADDR",
+        help="ray: the cluster to join (default: RAY_ADDRESS, else start one here)",
     )
-    run.add_argument("--workers", type=int, default=1, help="local: processes computing cells")
+    run.add_argument(
+        "--ray-cpus",
+        type=_number(float, 0),
+        default=1,
+        metavar="N",
+        help="ray: CPUs per cell (default 1)",
+    )
+    run.add_argument(
+        "--ray-gpus",
+        type=_number(float, 0),
+        default=0,
+        metavar="N",
+        help="ray: GPUs per cell (default 0)",
+    )
+    run.add_argument(
+        "--max-retries",
+        type=_number(int, 0),
+        default=3,
+        metavar="N",
+        help="ray: reruns of a cell whose worker died (default 3)",
+    )
+    run.add_argument(
+        "--workers",
+        type=_number(int, 1),
+        default=1,
+        metavar="N",
+        help="local: processes computing cells (default 1)",
+    )
     run.add_argument(
         "--force", action="store_true", help="run into a folder holding another experiment"
     )
@@ -273,6 +438,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--no-compile-cache", action="store_true", help="compile every cell afresh")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--progress-every",
+        type=int,
+        metavar="K",
+        help="steps between progress reports from inside a cell (default 0: only whole cells "
+        "move the bar). Reports change no number, but a program with them is not kept in the "
+        "compile cache, so every run with them compiles afresh; --stream without this option "
+        "reports about 50 times a run",
+    )
+    run.add_argument(
+        "--stream",
+        action="store_true",
+        help="append each reported step of each run to OUT/stream.jsonl while it runs",
+    )
     run.add_argument("--no-figures", action="store_true", help="do not write the figures")
     run.set_defaults(func=_run)
 
@@ -282,17 +461,22 @@ def main(argv: list[str] | None = None) -> int:
         ("plot", _plot, "write the standard figures (PNG)"),
         ("report", _report, "write one self-contained HTML page"),
     ):
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, help=text, description=text)
         p.add_argument("results", help="a results folder")
         if name in ("plot", "report"):
             p.add_argument("--out", help="where to write (default: inside the results folder)")
         if name == "show":
             p.add_argument("--stale", action="store_true", help="the stale runs instead")
         p.set_defaults(func=fn)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "func", None) is None:
-        return _formats(args)
+    if getattr(args, "func", None) is None:  # bare `fp4lab`: the help with examples
+        parser.print_help()
+        return 0
     from fp4lab.sweep.experiment import ExperimentError
     from fp4lab.sweep.ray import RayNotInstalled
     from fp4lab.sweep.records import StoreError

@@ -316,7 +316,8 @@ def drift_vs_depth(
     axes[0].set_ylabel("‖y_q − y‖ / ‖y‖" if stat == "rel_drift" else "cos(dy_q, dy)")
     fig.legend(handles=handles, loc="outside right upper", fontsize="small", frameon=False)
     when = f"step {steps[0]}" if len(steps) == 1 else "steps " + ", ".join(map(str, steps))
-    fig.suptitle(f"drift against the high-precision shadow by depth, {when} (median, min-max)")
+    title = f"drift against the high-precision shadow by depth, {when} (median, min-max)"
+    fig.suptitle(title, x=0.01, ha="left")
     return fig
 
 

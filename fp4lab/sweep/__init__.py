@@ -18,6 +18,7 @@ from fp4lab.sweep.experiment import (
     Experiment,
     ExperimentError,
     load_experiment,
+    parse_overrides,
     seed_triples,
 )
 from fp4lab.sweep.records import CorruptRecord, StoreError
@@ -39,6 +40,7 @@ __all__ = [
     "compute_cell",
     "load",
     "load_experiment",
+    "parse_overrides",
     "pending",
     "reproduce",
     "run_experiment",

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from fp4lab.schema import STREAMS
 from fp4lab.train.config import Config
 
-__all__ = ["compute_cell", "clear_cache", "use_compile_cache"]
+__all__ = ["compute_cell", "clear_cache", "progress_every", "use_compile_cache"]
 
 
 def use_compile_cache(folder: str | os.PathLike, min_compile_seconds: float = 0.5) -> None:
@@ -40,7 +41,26 @@ def use_compile_cache(folder: str | os.PathLike, min_compile_seconds: float = 0.
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-_COMPILED: dict[Config, tuple[Callable, float]] = {}
+_COMPILED: dict[tuple[Config, int], tuple[Callable, float]] = {}
+_REPORT: list[Callable | None] = [None]  # where the step callbacks of the running call go
+
+
+def progress_every(cfg: Config, reports: int = 50) -> int:
+    """Steps between two progress reports from inside a cell: about `reports` per run."""
+    return max(1, -(-cfg.steps // reports))
+
+
+def _on_step(done, run, out) -> None:
+    """The host callback compiled into a cell with progress: hands one seed's step to the
+    reporter of the running call (a compiled program outlives the call that compiled it). It
+    never raises: a broken progress display must not stop a run."""
+    report = _REPORT[0]
+    if report is None:
+        return
+    try:
+        report(int(done), tuple(int(v) for v in np.asarray(run).ravel()), out)
+    except Exception:
+        _REPORT[0] = None
 
 
 def clear_cache(config: Config | None = None) -> None:
@@ -48,29 +68,45 @@ def clear_cache(config: Config | None = None) -> None:
     if config is None:
         _COMPILED.clear()
     else:
-        _COMPILED.pop(config, None)
+        for key in [k for k in _COMPILED if k[0] == config]:
+            del _COMPILED[key]
 
 
-def _compiled(cfg: Config, keys) -> tuple[Callable, float]:
-    """jit(vmap(train)) compiled for `cfg` (cached per process), and its compile seconds."""
+def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
+    """jit(vmap(train)) compiled for `cfg` (cached per process), and its compile seconds;
+    with `every` > 0, with the progress callback every `every` steps."""
     import jax
 
     from fp4lab.train import trainer
 
-    if cfg not in _COMPILED:
+    if (cfg, every) not in _COMPILED:
         t0 = time.perf_counter()
-        fn = jax.jit(jax.vmap(trainer.make_train(cfg))).lower(keys).compile()
-        _COMPILED[cfg] = fn, time.perf_counter() - t0
-    return _COMPILED[cfg]
+        train = trainer.make_train(cfg, _on_step, every) if every else trainer.make_train(cfg)
+        fn = jax.jit(jax.vmap(train)).lower(keys).compile()
+        _COMPILED[cfg, every] = fn, time.perf_counter() - t0
+    return _COMPILED[cfg, every]
 
 
-def compute_cell(config: dict[str, Any], seeds: list[tuple[int, int, int]]) -> list[dict]:
+def compute_cell(
+    config: dict[str, Any],
+    seeds: list[tuple[int, int, int]],
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    every: int | None = None,
+) -> list[dict]:
     """Runs the seeds of one cell; returns one dict per seed: summary, series, telemetry, wall_s
     (run seconds per seed) and compile_s (the cell's compile seconds, 0 when cached).
 
     Seeds run in vmapped calls of `seed_batch` (the last call padded with the first seed), so
     each seed's numbers are bit-identical whichever seeds share its call. Takes and returns only
     plain data, so any process (or a Ray worker) can run it.
+
+    `progress`, when given, receives events as plain dicts while the cell runs:
+    {"event": "compile"} before a compile and {"event": "compiled", "seconds"} after it, then
+    {"event": "step", "seed": (init, data, quant), "step", "steps", "loss", "grad_norm",
+    "loss_scale"} every `every` steps of each seed (default `progress_every`) from inside the
+    compiled loop. The numbers are bit-identical with and without it; the program with the
+    callback is compiled (and cached in this process) apart from the one without, and jax does
+    not write programs with host callbacks to its persistent cache.
     """
     import jax
     import jax.numpy as jnp
@@ -82,14 +118,29 @@ def compute_cell(config: dict[str, Any], seeds: list[tuple[int, int, int]]) -> l
     task = tasks.make_task(cfg)
     out = []
     width = cfg.seed_batch
-    cached = cfg in _COMPILED
+    if progress is None:
+        every = 0
+    elif every is None:
+        every = progress_every(cfg)
+    elif isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"compute_cell: every={every!r}; must be an int >= 1")
+    cached = (cfg, every) in _COMPILED
     for lo in range(0, len(seeds), width):
-        chunk = list(seeds[lo : lo + width])
+        chunk = [tuple(int(v) for v in s) for s in seeds[lo : lo + width]]
         padded = chunk + [chunk[0]] * (width - len(chunk))
         keys = jax.tree.map(lambda *k: jnp.stack(k), *[trainer.make_keys(*s) for s in padded])
-        fn, compile_s = _compiled(cfg, keys)
+        if progress is not None and (cfg, every) not in _COMPILED:
+            progress({"event": "compile"})
+        fn, compile_s = _compiled(cfg, keys, every)
+        if progress is not None:
+            if not cached and lo == 0:
+                progress({"event": "compiled", "seconds": compile_s})
+            _REPORT[0] = _step_reporter(progress, keys, chunk, cfg.steps)
         t0 = time.perf_counter()
-        arrays = jax.device_get(fn(keys))
+        try:
+            arrays = jax.device_get(fn(keys))
+        finally:
+            _REPORT[0] = None
         wall = (time.perf_counter() - t0) / len(chunk)
         for i, _ in enumerate(chunk):
             one = jax.tree.map(lambda a, i=i: np.asarray(a[i]), arrays)
@@ -99,3 +150,27 @@ def compute_cell(config: dict[str, Any], seeds: list[tuple[int, int, int]]) -> l
             tel = {"steps": trainer.log_steps(cfg), "metrics": one["telemetry"]}
             out.append({"summary": summary, "series": series, "telemetry": tel, "wall_s": wall})
     return out
+
+
+def _step_reporter(progress: Callable, keys, chunk: list[tuple], steps: int) -> Callable:
+    """The reporter of one vmapped call: tells its seeds apart by their stream keys' data
+    (padding copies of the first seed report as the first seed) and passes plain events on."""
+    import jax
+
+    data = [np.asarray(jax.random.key_data(keys[s])) for s in STREAMS]
+    data = np.concatenate([d.reshape(len(d), -1) for d in data], axis=1)
+    seed_of = {}
+    for row, seed in zip(data, chunk + [chunk[0]] * (len(data) - len(chunk)), strict=True):
+        seed_of.setdefault(tuple(int(v) for v in row), seed)
+
+    seen: set = set()
+
+    def report(done: int, run: tuple, out) -> None:
+        seed = seed_of.get(run)
+        if (seed, done) in seen:  # a padding copy of the first seed
+            return
+        seen.add((seed, done))
+        event = {"event": "step", "seed": seed, "step": done, "steps": steps}
+        progress(event | {k: float(np.asarray(v)) for k, v in out.items()})
+
+    return report

@@ -5,6 +5,11 @@ function to run on it and a `finish(cell, seeds, results, error)` callback; it n
 the runner. Workers compute and return plain data; the driver calls `finish`, which writes the
 store, so a worker never touches the disk. `fp4lab.sweep.ray` is the cluster executor.
 
+Progress: given a `progress(index, event)` sink and a `compute` that takes a `progress`
+keyword (`compute_cell` does), the local executors hand each batch's events (compile, steps;
+plain dicts) to the sink, tagged with the batch's index in the work list: directly in this
+process, through a queue from worker processes (a driver thread passes them on).
+
 Worker processes end with their parent: each one asks the kernel for SIGKILL when its parent
 dies (Linux `PR_SET_PDEATHSIG`) and also watches its parent id, so a `kill -9` of the driver, as
 a scheduler's timeout sends, leaves no orphan computing on. On Ctrl-C, SIGTERM (which `fp4lab
@@ -16,8 +21,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import functools
+import inspect
 import multiprocessing as mp
 import os
+import queue as queue_module
 import signal
 import sys
 import threading
@@ -26,31 +34,92 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Compute", "Finish", "attempt", "die_with_parent", "run_local", "run_processes"]
+__all__ = [
+    "Compute",
+    "Finish",
+    "Sink",
+    "attempt",
+    "die_with_parent",
+    "run_local",
+    "run_processes",
+    "takes_progress",
+]
 
 Compute = Callable[[dict[str, Any], list], list[dict]]  # (config dict, seeds) -> [per seed]
 Finish = Callable[[Any, list, list[dict] | None, str | None], None]  # (cell, seeds, res, err)
+Sink = Callable[[int, dict[str, Any]], None]  # (index of the batch in the work, event)
+_QUEUE: list = [None]  # in a worker process: where its progress events go
+
+
+def takes_progress(compute: Compute) -> bool:
+    """Whether `compute` accepts a `progress` keyword (it then reports events while it runs)."""
+    try:
+        return "progress" in inspect.signature(compute).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def attempt(
-    compute: Compute, config: dict[str, Any], seeds: list
+    compute: Compute, config: dict[str, Any], seeds: list, progress=None
 ) -> tuple[list | None, str | None]:
-    """One try at a cell: (results, None), or (None, traceback) if it raised.
+    """One try at a cell: (results, None), or (None, traceback) if it raised. `progress`, when
+    given, is passed on to `compute` (which must take it).
 
     Only exceptions are caught: a process that dies takes this frame with it (the Ray executor
     then retries the task).
     """
     try:
-        return compute(config, seeds), None
+        if progress is None:
+            return compute(config, seeds), None
+        return compute(config, seeds, progress=progress), None
     except Exception:
         return None, traceback.format_exc()
 
 
-def run_local(todo: Sequence[tuple[Any, list]], finish: Finish, compute: Compute) -> None:
+def run_local(
+    todo: Sequence[tuple[Any, list]],
+    finish: Finish,
+    compute: Compute,
+    progress: Sink | None = None,
+) -> None:
     """Computes the cells one after another in this process."""
-    for cell, seeds in todo:
-        results, error = attempt(compute, cell.config.to_dict(), seeds)
+    report = progress is not None and takes_progress(compute)
+    for i, (cell, seeds) in enumerate(todo):
+        sink = functools.partial(progress, i) if report else None
+        results, error = attempt(compute, cell.config.to_dict(), seeds, sink)
         finish(cell, seeds, results, error)
+
+
+class _Forward:
+    """A worker's progress reporter for batch `index`: puts (index, event) on the queue its
+    process was started with (picklable, so it travels with the task)."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if _QUEUE[0] is not None:
+            _QUEUE[0].put((self.index, event))
+
+
+def _start_worker(parent: int, events) -> None:
+    die_with_parent(parent)
+    _QUEUE[0] = events
+
+
+def _pass_on(events, progress: Sink, stop: threading.Event) -> None:
+    """The driver thread that hands the workers' events to `progress` until `stop`."""
+    while not stop.is_set():
+        try:
+            index, event = events.get(timeout=0.1)
+        except queue_module.Empty:
+            continue
+        except (EOFError, OSError):
+            return
+        try:
+            progress(index, event)
+        except Exception:
+            return
 
 
 def die_with_parent(parent: int) -> None:
@@ -91,23 +160,36 @@ def _stop(processes) -> None:
 
 
 def run_processes(
-    todo: Sequence[tuple[Any, list]], finish: Finish, compute: Compute, workers: int
+    todo: Sequence[tuple[Any, list]],
+    finish: Finish,
+    compute: Compute,
+    workers: int,
+    progress: Sink | None = None,
 ) -> None:
     """Computes the work in `workers` fresh processes (compiles of different cells run in
     parallel); `finish` runs here, in completion order. The workers end with this process
     (module docstring); on any exception here they are terminated first."""
     ctx = mp.get_context("spawn")  # a fresh jax per worker (fork after jax init is unsafe)
     before = set(mp.active_children())
+    report = progress is not None and takes_progress(compute)
+    events = ctx.Queue() if report else None
     pool = cf.ProcessPoolExecutor(
         max_workers=workers,
         mp_context=ctx,
-        initializer=die_with_parent,
-        initargs=(os.getpid(),),
+        initializer=_start_worker,
+        initargs=(os.getpid(), events),
     )
+    stop = threading.Event()
+    if report:
+        threading.Thread(
+            target=_pass_on, args=(events, progress, stop), name="progress", daemon=True
+        ).start()
     futures = {}
     try:
-        for cell, seeds in todo:
-            futures[pool.submit(attempt, compute, cell.config.to_dict(), seeds)] = (cell, seeds)
+        for i, (cell, seeds) in enumerate(todo):
+            sink = _Forward(i) if report else None
+            fut = pool.submit(attempt, compute, cell.config.to_dict(), seeds, sink)
+            futures[fut] = (cell, seeds)
         for fut in cf.as_completed(futures):
             cell, seeds = futures[fut]
             results, error = fut.result()
@@ -118,4 +200,6 @@ def run_processes(
         _stop(set(mp.active_children()) - before)
         pool.shutdown(wait=False, cancel_futures=True)
         raise
+    finally:
+        stop.set()
     pool.shutdown(wait=True)

@@ -18,25 +18,52 @@ validated when the file is loaded, before anything runs; errors name the file, t
 {name: DataFrame}: the experiment's own tables, which `fp4lab run` prints and writes to
 `<out>/<name>.csv` once the sweep is done.
 
+Recipes are names or values (`fp4lab.train.config`): the file can write its own,
+
+    X = fl.nvfp4()
+    MINE = fl.GemmRecipe(fprop_x=X, fprop_w=X, dgrad_dy=X.replace(rounding="stochastic"),
+                         dgrad_w=X, name="nvfp4-dy-sr")       # Wgrad unquantized
+    add(recipe=MINE)                                          # cell "recipe=nvfp4-dy-sr"
+    add(recipe="nvfp4", gemms={"dgrad_dy": X})                # one operand of a named recipe
+
+and the records and `experiment.json` hold them as plain JSON (`Config.to_dict`). A cell's
+default label shows a recipe by its name (so name your recipes) and a spec by
+`QuantSpec.summary` ("e2m1/1x16/e4m3/sr").
+
 A cell that reads a data file (the text task's `text_path`) has the file's content hash in its
 run ids (`fp4lab.sweep.store.data_hashes`): editing the file makes its runs new runs.
+
+Overrides for every cell (`load_experiment(path, overrides={"lr": 1e-3})`, from the command line
+`fp4lab run FILE --set lr=1e-3`, parsed by `parse_overrides`) replace a field in the base config
+and in every cell, the cells' own values for it included; they are validated like the file and,
+as any config change, give other run ids.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.util
 import itertools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from fp4lab.schema import STREAMS
+from fp4lab.core.recipes import GemmRecipe
+from fp4lab.core.spec import QuantSpec
+from fp4lab.schema import STREAMS, did_you_mean
 from fp4lab.sweep.store import data_hashes, run_id
-from fp4lab.train.config import Config, ConfigError, make
+from fp4lab.train.config import Config, ConfigError, jsonable, make
 
-__all__ = ["Cell", "Experiment", "ExperimentError", "load_experiment", "seed_triples"]
+__all__ = [
+    "Cell",
+    "Experiment",
+    "ExperimentError",
+    "load_experiment",
+    "parse_overrides",
+    "seed_triples",
+]
 
 
 class ExperimentError(ValueError):
@@ -68,9 +95,11 @@ class Experiment:
     cells: tuple[Cell, ...]
     # the file's optional analyze(results) -> {name: DataFrame}, run by `fp4lab run` at the end
     analyze: Callable | None = dataclasses.field(default=None, compare=False, repr=False)
+    # the overrides for every cell (`--steps`, `--set`), as resolved in the base config
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def manifest(self) -> dict[str, Any]:
-        return {
+        manifest = {
             "name": self.name,
             "file": Path(self.path).name,
             "path": str(Path(self.path).resolve()),
@@ -79,6 +108,9 @@ class Experiment:
                 for c in self.cells
             ],
         }
+        if self.overrides:
+            manifest["overrides"] = self.overrides
+        return manifest
 
     @property
     def n_runs(self) -> int:
@@ -117,7 +149,33 @@ def seed_triples(seeds) -> tuple[tuple[int, int, int], ...]:
 
 
 def _label(overrides: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in overrides.items()) or "base"
+    return ",".join(f"{k}={_brief(v)}" for k, v in overrides.items()) or "base"
+
+
+def _brief(value) -> str:
+    """A value as a cell label shows it: str(value), but with a GemmRecipe by its name and a
+    QuantSpec by `QuantSpec.summary` (the record holds them in full)."""
+
+    def values(v) -> bool:
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list | tuple):
+            return any(values(x) for x in v)
+        return isinstance(v, GemmRecipe | QuantSpec)
+
+    def brief(v) -> str:
+        if isinstance(v, GemmRecipe):
+            return v.name or "GemmRecipe(...)"
+        if isinstance(v, QuantSpec):
+            return v.summary()
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k!r}: {brief(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, list | tuple):
+            inner = ", ".join(brief(x) for x in v)
+            return f"[{inner}]" if isinstance(v, list) else f"({inner})"
+        return repr(v)
+
+    return brief(value) if values(value) else str(value)
 
 
 def _data(cfg: Config) -> dict[str, str]:
@@ -130,9 +188,30 @@ def _data(cfg: Config) -> dict[str, str]:
 
 
 def load_experiment(
-    path: str | Path, *, seeds: int | None = None, steps: int | None = None
+    path: str | Path,
+    *,
+    seeds: int | None = None,
+    steps: int | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> Experiment:
-    """Loads and validates an experiment file. `seeds` and `steps` override every cell."""
+    """Loads and validates an experiment file.
+
+    Args:
+      path: the experiment file.
+      seeds: run seeds 0..seeds-1 in every cell instead of the file's seeds.
+      steps: the number of steps of every cell (the same as overrides={"steps": steps}).
+      overrides: {config field: value} for every cell: set in the base config and in each cell,
+        replacing the cell's own value. Validated like the file's own values.
+    Raises:
+      ExperimentError: the file, a cell or an override is invalid (the message says where).
+    """
+    forced = dict(overrides or {})
+    if steps is not None:
+        if "steps" in forced and forced["steps"] != steps:
+            raise ExperimentError(
+                f"steps={steps} and overrides steps={forced['steps']!r}; give steps once"
+            )
+        forced["steps"] = steps
     path = Path(path)
     if not path.is_file():
         raise ExperimentError(f"{path}: no such experiment file")
@@ -156,8 +235,15 @@ def load_experiment(
         raise ExperimentError(f"{path}: get_config() raised {type(e).__name__}: {e}") from e
     if not isinstance(base, Config):
         raise ExperimentError(f"{path}: get_config() returned {type(base).__name__}; need Config")
-    if steps is not None:
-        base = base.replace(steps=steps)
+    if forced:
+        try:
+            base = make(forced, base)
+        except ConfigError as e:
+            raise ExperimentError(
+                f"{path}: the overrides for every cell ({_label(forced)}): {e}"
+            ) from e
+        resolved = base.to_dict()
+        forced = {k: resolved[k] for k in forced}
     default_seeds = getattr(module, "SEEDS", 1)
     forced_seeds = seeds
     cells: list[Cell] = []
@@ -167,15 +253,17 @@ def load_experiment(
         here = Path(frame.f_code.co_filename).resolve() == path.resolve()
         where = f"{path}:{frame.f_lineno}" if here else str(path)
         try:
-            if steps is not None:
-                overrides.pop("steps", None)
+            for name in forced:  # the overrides for every cell replace the cell's own values
+                overrides.pop(name, None)
             cfg = make(overrides, base)
             chosen = next(s for s in (forced_seeds, seeds, default_seeds) if s is not None)
             triples = seed_triples(chosen)
             data = _data(cfg)
         except (ConfigError, ExperimentError) as e:
             raise ExperimentError(f"{where}: cell {_label(overrides)}: {e}") from e
-        cells.append(Cell(label or _label(overrides), dict(overrides), cfg, triples, where, data))
+        # the record's and manifest's "overrides" are plain JSON: recipes and specs as dicts
+        given = jsonable(overrides)
+        cells.append(Cell(label or _label(overrides), given, cfg, triples, where, data))
 
     try:
         module.sweep(add)
@@ -188,9 +276,59 @@ def load_experiment(
     labels = [c.label for c in cells]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
-        raise ExperimentError(f"{path}: cells with the same label {dupes}")
+        why = f" (the overrides {_label(forced)} replace the cells' own values)" if forced else ""
+        raise ExperimentError(f"{path}: cells with the same label {dupes}{why}")
     name = getattr(module, "NAME", path.stem)
     analyze = getattr(module, "analyze", None)
     if analyze is not None and not callable(analyze):
         raise ExperimentError(f"{path}: analyze is {type(analyze).__name__}; need a function")
-    return Experiment(name=name, path=str(path), base=base, cells=tuple(cells), analyze=analyze)
+    return Experiment(
+        name=name,
+        path=str(path),
+        base=base,
+        cells=tuple(cells),
+        analyze=analyze,
+        overrides=forced,
+    )
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """{field: value} from `FIELD=VALUE` strings, as `fp4lab run --set` takes them.
+
+    Each value is parsed into its field's type: a string field takes the text as it is (quotes
+    optional); a bool field takes true/false (any case); any other field a Python literal
+    (`1e-3`, `128`, `(64, 64)`, `{"wgrad": "bf16"}`, `None`), else the text itself, which the
+    config then rejects naming the field and the type it needs. `load_experiment(...,
+    overrides=...)` checks the values.
+
+    Raises:
+      ExperimentError: an item without "=", a field Config does not have (with the closest
+        names), or a field given twice.
+    """
+    fields = {f.name: f.default for f in dataclasses.fields(Config)}
+    out: dict[str, Any] = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise ExperimentError(f"--set {item!r}: expected FIELD=VALUE, e.g. --set lr=1e-3")
+        if name not in fields:
+            hint = did_you_mean(name, fields) or f"; the fields: {', '.join(fields)}"
+            raise ExperimentError(f"--set {item}: Config has no field {name!r}{hint}")
+        if name in out:
+            raise ExperimentError(f"--set {item}: {name} is already set ({name}={out[name]!r})")
+        out[name] = _parse_value(text, fields[name])
+    return out
+
+
+def _parse_value(text: str, default: Any) -> Any:
+    """A `--set` value in the type of a field whose default is `default`."""
+    if isinstance(default, bool) and text.strip().lower() in ("true", "false"):
+        return text.strip().lower() == "true"
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return text
+    if isinstance(default, str) and not isinstance(value, str):
+        return text  # a string field: `--set text_path=2024` is the file "2024"
+    return value

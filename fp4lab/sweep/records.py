@@ -7,7 +7,9 @@ read them. A write that fails (a read-only folder, a full disk) raises `StoreErr
 file and the reason.
 
 A run record is read only if it is a regular file that parses, whose checksum matches, whose name
-is its run id and which has the fields every record has (`check_record`). Anything else is a bad
+is its run id and which has the fields every record has (`check_record`), and, when its per-step
+metrics are in a Parquet file beside it (schema 3), if that file's sha256 is the one the record
+(and so its checksum) holds. Anything else is a bad
 entry: skipped with one `CorruptRecord` warning naming the file and what is wrong (each bad file
 is reported once per process while it stays unchanged), and its run is redone.
 """
@@ -34,6 +36,7 @@ __all__ = [
     "StoreError",
     "canonical",
     "check_record",
+    "file_sha256",
     "read_json",
     "read_record",
     "seal",
@@ -41,8 +44,9 @@ __all__ = [
     "write_atomic",
 ]
 
-SCHEMA = 2  # the layout of a record; 2: data hashes, numerics version and code provenance
-READABLE = (1, 2)  # schema 1 records (no data hashes, numerics version 1) are read as they are
+SCHEMA = 3  # the layout of a record; 2: data hashes, numerics version and code provenance;
+# 3: the per-step metrics in <run_id>.parquet beside the record, named with their sha256 in it
+READABLE = (1, 2, 3)  # older records (metrics inside the JSON) are read as they are
 STATUSES = ("ok", "failed")
 _WARNED: set[tuple] = set()
 
@@ -75,8 +79,9 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Writes `text` to `path` atomically (temporary file, fsync, rename), mode 0666 & ~umask.
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Writes `text` (or bytes) to `path` atomically (temporary file, fsync, rename), mode
+    0666 & ~umask.
 
     Raises:
       StoreError: the folder cannot be created or written (read-only, full disk, ...).
@@ -85,7 +90,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             os.fchmod(f.fileno(), _file_mode())
             f.write(text)
             f.flush()
@@ -159,10 +164,24 @@ def check_record(body: Any, stem: str) -> str | None:
     seeds = body["seeds"]
     if any(not isinstance(seeds.get(s), int) for s in STREAMS):
         return f"field 'seeds'={seeds!r}; needs an int per stream {STREAMS}"
-    for field in ("summary", "series", "telemetry", "data", "provenance"):
+    for field in ("summary", "series", "telemetry", "data", "provenance", "metrics"):
         if body.get(field) is not None and not isinstance(body[field], dict):
             return f"field {field!r} is not a dict"
+    metrics = body.get("metrics")
+    if metrics is not None and not (
+        metrics.get("file") == f"{stem}.parquet" and isinstance(metrics.get("sha256"), str)
+    ):
+        return f"field 'metrics'={metrics!r}; needs file {stem}.parquet and its sha256"
     return None
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -170,6 +189,13 @@ def read_record(path: Path) -> dict[str, Any] | None:
     body, why = read_json(path)
     if why is None:
         why = check_record(body, path.stem)
+    if why is None and body.get("metrics") is not None:
+        metrics = path.with_name(body["metrics"]["file"])
+        try:
+            if file_sha256(metrics) != body["metrics"]["sha256"]:
+                why = f"its metrics file {metrics.name} does not match the record's sha256"
+        except OSError as e:
+            why = f"its metrics file {metrics.name} cannot be read ({e.strerror or e})"
     if why is not None:
         warn_bad(path, f"bad run record, skipped: {why}", stacklevel=4)
         return None

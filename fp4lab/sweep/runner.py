@@ -16,11 +16,16 @@ A results folder belongs to one experiment: running another experiment into it r
 
 from __future__ import annotations
 
+import functools
+import inspect
+import json
 import math
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from fp4lab.schema import STREAMS
 from fp4lab.sweep import executors
@@ -44,39 +49,211 @@ EXECUTORS = ("local", "ray")
 
 
 class Progress:
-    """One status line on stderr: batches done, runs done, elapsed, ETA, the latest loss."""
+    """What a sweep shows while it runs, on stderr: compiles, steps inside cells, an ETA.
 
-    def __init__(self, n_cells: int, n_runs: int, stream=None, enabled: bool = True):
+    Events come from the executors (`start`, `event`, `finish`); step events are the host
+    callbacks that `compute_cell` compiles into a cell, every k steps. On a terminal the display
+    is a live `rich` progress display (one line for the sweep, one for each batch in flight);
+    otherwise (a log file, a pipe) it prints plain lines, no carriage returns, at most one per
+    batch every `interval` seconds besides the compile, compiled and done lines:
+
+        [  0s] compiling cell nvfp4 (seeds 0-3) ...
+        [ 31s] compiled cell nvfp4 in 31s
+        [ 41s] nvfp4 (seeds 0-3): step 40/200 loss 3.9124 (0.25 s/step, cell ETA 40s)
+        [ 92s] nvfp4 (seeds 0-3): done, loss 3.1021 | sweep 1/4 batches, 4/16 runs, ETA 4m12s
+
+    The sweep's ETA counts the steps left in all batches at the measured seconds per step, plus
+    the measured compile time for each cell not yet compiled, spread over `parallel` workers.
+    `steps` gives each batch's number of steps, `labels` its name, in the order of the work.
+    """
+
+    def __init__(
+        self,
+        n_cells: int,
+        n_runs: int,
+        stream=None,
+        enabled: bool = True,
+        *,
+        labels: list[str] | None = None,
+        steps: list[int] | None = None,
+        compiles: list | None = None,
+        parallel: int = 1,
+        interval: float = 10.0,
+        live: bool | None = None,
+    ):
         self.n_cells, self.n_runs = n_cells, n_runs
         self.cells = self.runs = 0
         self.t0 = time.perf_counter()
         self.stream = stream or sys.stderr
         self.enabled = enabled
+        self.labels = labels or [f"batch {i}" for i in range(n_cells)]
+        self.steps = steps or [0] * n_cells
+        self.compiles = compiles or list(range(n_cells))  # batches sharing a compiled program
+        self.parallel = max(1, parallel)
+        self.interval = interval
+        self.done_steps = [0] * n_cells
+        self.first: dict[int, tuple[float, int]] = {}  # batch -> (time, step) of its 1st report
+        self.printed: dict[int, float] = {}
+        self.compile_s: list[float] = []
+        self.compiled: set = set()
+        self.rates: dict[int, float] = {}  # batch -> its measured seconds per step
         self.last = ""
+        self.lock = threading.Lock()
+        isatty = getattr(self.stream, "isatty", lambda: False)()
+        self.live = None
+        if enabled and (isatty if live is None else live):
+            self.live = _live_display(self.stream)
+            self.sweep_task = self.live.add_task("sweep", total=sum(self.steps) or 1, loss="")
+            self.tasks: dict[int, Any] = {}
+            self.live.start()
 
-    def update(self, cells: int = 0, runs: int = 0, loss: float | None = None, note: str = ""):
-        self.cells += cells
-        self.runs += runs
-        if loss is not None:
-            self.last = f"loss {loss:.4f}"
+    def _say(self, text: str) -> None:
+        el = time.perf_counter() - self.t0
+        if self.live is not None:
+            self.live.console.print(text, highlight=False)
+        else:
+            self.stream.write(f"[{_dur(el):>5}] {text}\n")
+            self.stream.flush()
+
+    def eta(self) -> float:
+        """Seconds left: the steps left at the measured seconds per step, plus a measured
+        compile for each program not yet compiled, over the parallel workers."""
+        left = sum(n - d for n, d in zip(self.steps, self.done_steps, strict=True))
+        if not self.rates:
+            return math.nan
+        rate = sum(self.rates.values()) / len(self.rates)
+        uncompiled = len(set(self.compiles) - self.compiled)
+        compile_s = sum(self.compile_s) / len(self.compile_s) if self.compile_s else 0.0
+        return (left * rate + uncompiled * compile_s) / self.parallel
+
+    def event(self, index: int, event: dict[str, Any]) -> None:
+        """One event of batch `index` from `compute_cell` (compile, compiled, step)."""
         if not self.enabled:
             return
-        el = time.perf_counter() - self.t0
-        eta = el / self.cells * (self.n_cells - self.cells) if self.cells else math.nan
-        width = 24
-        fill = int(width * self.cells / max(self.n_cells, 1))
-        bar = "#" * fill + "." * (width - fill)
-        line = (
-            f"\r[{bar}] batches {self.cells}/{self.n_cells}  runs {self.runs}/{self.n_runs}  "
-            f"{_dur(el)} elapsed  ETA {_dur(eta)}  {self.last} {note}"
+        with self.lock:
+            kind = event.get("event")
+            label = self.labels[index]
+            if kind == "compile":
+                self._say(f"compiling cell {label} ...")
+                self._task(index, f"compiling {label}")
+            elif kind == "compiled":
+                self.compile_s.append(float(event["seconds"]))
+                self.compiled.add(self.compiles[index])
+                self._say(f"compiled cell {label} in {_dur(event['seconds'])}")
+                self._task(index, label)
+            elif kind == "step":
+                self._step(index, event)
+
+    def _task(self, index: int, description: str) -> None:
+        if self.live is None:
+            return
+        if index not in self.tasks:
+            self.tasks[index] = self.live.add_task(
+                description, total=self.steps[index] or None, loss=""
+            )
+        else:
+            self.live.update(self.tasks[index], description=description)
+
+    def _step(self, index: int, event: dict[str, Any]) -> None:
+        step, now = int(event["step"]), time.perf_counter()
+        if step <= self.done_steps[index]:  # another seed of the same call, same step
+            return
+        self.compiled.add(self.compiles[index])
+        advance = step - self.done_steps[index]
+        self.done_steps[index] = step
+        if index not in self.first:
+            self.first[index] = (now, step)
+        t_first, s_first = self.first[index]
+        rate = (now - t_first) / (step - s_first) if step > s_first else math.nan
+        if math.isfinite(rate):
+            self.rates[index] = rate
+        loss = event.get("loss")
+        self.last = f"loss {loss:.4f}" if loss is not None else self.last
+        if self.live is not None:
+            self._task(index, self.labels[index])
+            self.live.update(self.tasks[index], completed=step, loss=self.last)
+            self.live.update(self.sweep_task, advance=advance, loss=self.last)
+            return
+        if now - self.printed.get(index, -math.inf) < self.interval:
+            return
+        self.printed[index] = now
+        total = self.steps[index] or event.get("steps", 0)
+        cell_eta = rate * (total - step) if math.isfinite(rate) else math.nan
+        pace = f"{rate:.3g} s/step, " if math.isfinite(rate) else ""
+        self._say(
+            f"{self.labels[index]}: step {step}/{total} {self.last} "
+            f"({pace}cell ETA {_dur(cell_eta)})"
         )
-        self.stream.write(line.ljust(100)[:160])
-        self.stream.flush()
+
+    def update(
+        self,
+        cells: int = 0,
+        runs: int = 0,
+        loss: float | None = None,
+        note: str = "",
+        index: int | None = None,
+    ):
+        """A batch finished (`cells`=1, its `runs`, its last loss), or just a `note`."""
+        if not self.enabled:
+            self.cells += cells
+            self.runs += runs
+            return
+        with self.lock:
+            self.cells += cells
+            self.runs += runs
+            if loss is not None:
+                self.last = f"loss {loss:.4f}"
+            if index is not None:
+                left = self.steps[index] - self.done_steps[index]
+                self.done_steps[index] = self.steps[index]
+                self.compiled.add(self.compiles[index])
+                if self.live is not None:
+                    self.live.update(self.sweep_task, advance=left)
+                    if index in self.tasks:
+                        self.live.remove_task(self.tasks.pop(index))
+            el = time.perf_counter() - self.t0
+            if index is not None and index not in self.rates:  # no step reports: the batch's
+                self.rates[index] = el * self.parallel / max(sum(self.done_steps), 1)  # pace
+            eta = _dur(self.eta()) if self.cells < self.n_cells else "0s"
+            head = ""
+            if index is not None:
+                head = f"{self.labels[index]}: {note or 'done'}, {self.last} | "
+            tail = f" {note}" if note and index is None else ""
+            self._say(
+                f"{head}sweep {self.cells}/{self.n_cells} batches, {self.runs}/{self.n_runs} "
+                f"runs, {_dur(el)} elapsed, ETA {eta}{tail}"
+            )
 
     def close(self):
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def _live_display(stream):
+    """rich's live progress display on `stream` (a terminal)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("steps"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[loss]}"),
+        console=Console(file=stream),
+        refresh_per_second=4,
+    )
 
 
 def _dur(s: float) -> str:
@@ -177,6 +354,8 @@ def run_experiment(
     compute: Compute = compute_cell,
     force: bool = False,
     rerun_stale: bool = False,
+    progress_every: int | None = 0,
+    stream: bool = False,
     **executor_options,
 ) -> dict[str, int]:
     """Runs every unfinished run of `experiment` into the store at `out`.
@@ -186,8 +365,17 @@ def run_experiment(
       out: the results folder; it must be empty, new or this experiment's (see `force`).
       executor: "local" or "ray"; `executor_options` go to `fp4lab.sweep.ray.run`.
       workers: local worker processes (1: compute in this process).
-      progress: draw the progress line on stderr.
-      compute: what computes one seed batch (tests substitute their own).
+      progress: show the progress on stderr (`Progress`): live on a terminal, plain lines
+        otherwise.
+      compute: what computes one seed batch (tests substitute their own); one that takes a
+        `progress` keyword (`compute_cell`) reports compiles and steps from inside a batch.
+      progress_every: steps between two reports from inside a batch (0, the default: none,
+        only whole batches move the display; None: about 50 per run). Reports change no number
+        (tested bit for bit) but put a host callback into the compiled program, and jax's
+        persistent compilation cache does not store such programs: with reports, every run
+        compiles afresh. Needs the local executor.
+      stream: append each reported step of each run to `<out>/stream.jsonl` while the sweep
+        runs, one JSON object a line (`STREAM_FIELDS`); implies step reports.
       force: run into a folder that holds another experiment's runs (they become stale).
       rerun_stale: also recompute finished runs whose records another code version made
         (fp4lab version or git revision, jax, jaxlib; see `fp4lab.sweep.store.code_version`).
@@ -212,23 +400,106 @@ def run_experiment(
     n_todo = sum(len(s) for _, s in todo)
     counts = {"cells": len(experiment.cells), "runs": experiment.n_runs}
     counts |= {"skipped": experiment.n_runs - n_todo, "done": 0, "failed": 0}
-    bar = Progress(len(work), n_todo, enabled=progress)
-    bar.update(note="compiling" if work else "nothing to do")
+    if progress_every is not None and (
+        isinstance(progress_every, bool)
+        or not isinstance(progress_every, int)
+        or progress_every < 0
+    ):
+        raise ExperimentError(f"progress_every={progress_every!r}; must be an int >= 0")
+    if stream and progress_every == 0:
+        raise ExperimentError("stream=True needs step reports; progress_every=0 turns them off")
+    in_cell = executor == "local" and (progress or stream) and progress_every != 0
+    if progress_every and "every" in _parameters(compute):
+        compute = functools.partial(compute, every=progress_every)
+    labels = [f"{cell.label} (seeds {_seed_range(seeds)})" for cell, seeds in work]
+    programs = {cell.config: i for i, (cell, _) in enumerate(work)}
+    bar = Progress(
+        len(work),
+        n_todo,
+        enabled=progress,
+        labels=labels,
+        steps=[cell.config.steps for cell, _ in work],
+        compiles=[programs[cell.config] for cell, _ in work],
+        parallel=workers if executor == "local" else 1,
+    )
+    if not work:
+        bar.update(note="nothing to do")
+    streamer = _Stream(store.path / STREAM_FILE, work) if stream else None
+
+    def on_event(index, event):
+        bar.event(index, event)
+        if streamer is not None:
+            streamer.write(index, event)
 
     def finish(cell, seeds, results, error):
         for rec in _records(experiment, cell, seeds, results, error, prov):
             store.write(rec)
         counts["failed" if error else "done"] += len(seeds)
         loss = None if error else results[-1]["summary"]["final_loss"]
-        bar.update(cells=1, runs=len(seeds), loss=loss, note="(a batch failed)" if error else "")
+        index = next(i for i, (c, s) in enumerate(work) if c is cell and s is seeds)
+        note = "failed" if error else ""
+        bar.update(cells=1, runs=len(seeds), loss=loss, note=note, index=index)
 
+    sink = on_event if in_cell else None
     try:
         if executor == "ray":
             ray_executor.run(work, finish, compute, **executor_options)
         elif workers > 1 and len(work) > 1:
-            executors.run_processes(work, finish, compute, workers)
+            executors.run_processes(work, finish, compute, workers, sink)
         else:
-            executors.run_local(work, finish, compute)
+            executors.run_local(work, finish, compute, sink)
     finally:
         bar.close()
+        if streamer is not None:
+            streamer.close()
     return counts
+
+
+STREAM_FILE = "stream.jsonl"
+STREAM_FIELDS = ("time", "run_id", "cell", "step", "loss", "grad_norm", "loss_scale")
+
+
+class _Stream:
+    """The per-step lines of `stream.jsonl`: appended and flushed as the steps arrive."""
+
+    def __init__(self, path: Path, work: list[tuple[Cell, list]]):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a")  # noqa: SIM115 (open for the sweep's duration)
+        self.lock = threading.Lock()
+        self.ids = []
+        for cell, seeds in work:
+            cfg = cell.config.to_dict()
+            ids = {tuple(int(v) for v in s): results_store.run_id(cfg, s, cell.data) for s in seeds}
+            self.ids.append((cell.label, ids))
+
+    def write(self, index: int, event: dict[str, Any]) -> None:
+        if event.get("event") != "step" or event.get("seed") is None:
+            return
+        cell, ids = self.ids[index]
+        line = {
+            "time": round(time.time(), 3),
+            "run_id": ids.get(tuple(event["seed"])),
+            "cell": cell,
+        }
+        line |= {k: event[k] for k in STREAM_FIELDS[3:] if k in event}
+        with self.lock:
+            self.file.write(json.dumps(line) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _parameters(fn) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _seed_range(seeds: list) -> str:
+    """The seeds of a batch in brief: their init seeds ("0-3", "4", "0,2,5")."""
+    first = [int(s[0]) for s in seeds]
+    if len(first) > 1 and first == list(range(first[0], first[-1] + 1)):
+        return f"{first[0]}-{first[-1]}"
+    return ",".join(map(str, first))

@@ -4,7 +4,14 @@ Layout of a results folder (it belongs to one experiment):
 
     <out>/experiment.json        the sweep: name, source file, cells and their run ids
     <out>/runs/<run_id>.json     one run: config, seeds, data hashes, numerics version, status,
-                                 summary, per-step series, telemetry, provenance, checksum
+                                 summary, provenance, the name and sha256 of its metrics file,
+                                 checksum
+    <out>/runs/<run_id>.parquet  its per-step metrics, long: run_id, step, metric, value (the
+                                 series loss, grad_norm, loss_scale and the telemetry)
+    <out>/stream.jsonl           with `fp4lab run --stream`: steps as they are computed
+
+Records written before the Parquet files (schema 1 and 2) hold the series and telemetry inside
+the JSON; they are read as they are, and `load` gives the same tables for both layouts.
 
 A run's id (`run_id`) hashes everything that decides its numbers: the resolved config, the three
 seeds, the content hash of any data file it reads (`data_hashes`) and `NUMERICS_VERSION`, which
@@ -26,7 +33,10 @@ different configs never pool. Nothing is deleted.
     metrics     long: run_id, step, metric, value (loss, grad_norm, loss_scale, eval_loss and
                 the telemetry keys quant/<layer>/<gemm>/<operand>/<stat>, grad/<layer>/<stat>)
     provenance  one row per run: run_id, numerics, code (fp4lab version and git revision),
-                jax, jaxlib, flax, device
+                jax, jaxlib, flax, device, backend, python, time_utc (when the sweep
+                that made it started)
+
+and `config_fields`, the names of the config columns of `runs`.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata
+import io
 import json
 import os
 import platform
@@ -44,6 +55,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from fp4lab.schema import SEED_COLUMNS, STREAMS
 from fp4lab.sweep.records import (
@@ -178,20 +191,38 @@ class Store:
     def file(self, rid: str) -> Path:
         return self.runs_dir / f"{rid}.json"
 
-    def read(self, rid: str) -> dict[str, Any] | None:
-        """The record of run `rid`, or None when it is absent or bad (bad: one warning)."""
+    def read(self, rid: str, metrics: bool = True) -> dict[str, Any] | None:
+        """The record of run `rid`, or None when it is absent or bad (bad: one warning). With
+        `metrics`, its series and telemetry are filled in from its Parquet file (if it has one),
+        so the record reads as the run's full result whichever layout stored it."""
         f = self.file(rid)
         if not f.exists():
             return None
-        return read_record(f)
+        record = read_record(f)
+        return _with_metrics(record, self.runs_dir) if metrics and record else record
 
     def finished(self, rid: str) -> bool:
         """Whether `rid` has a valid record with status "ok" (failed runs are retried)."""
-        record = self.read(rid)
+        record = self.read(rid, metrics=False)
         return record is not None and record["status"] == "ok"
 
     def write(self, record: dict[str, Any]) -> Path:
-        """Writes one run record atomically (its schema and checksum added)."""
+        """Writes one run record: its series and telemetry to `<run_id>.parquet`, then the rest
+        as JSON with that file's name and sha256 (and the record's schema and checksum). Both
+        are written atomically, the Parquet file first: a kill between the two leaves no record,
+        and the run is redone."""
+        record = dict(record)
+        series = record.pop("series", None) or {}
+        telemetry = record.pop("telemetry", None) or {}
+        if series or telemetry:
+            rid = record["run_id"]
+            data = _parquet_bytes(_metrics_table(rid, series, telemetry))
+            write_atomic(self.runs_dir / f"{rid}.parquet", data)
+            record["metrics"] = {
+                "file": f"{rid}.parquet",
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "series": list(series),
+            }
         body, text = seal(record)
         f = self.file(body["run_id"])
         write_atomic(f, text)
@@ -220,15 +251,16 @@ class Store:
             return None
         return body
 
-    def records(self) -> list[dict[str, Any]]:
-        """Every valid run record (bad entries skipped with one warning each), by file name."""
+    def records(self, metrics: bool = True) -> list[dict[str, Any]]:
+        """Every valid run record (bad entries skipped with one warning each), by file name;
+        `metrics` as in `read`."""
         if not self.runs_dir.is_dir():
             return []
         out = []
         for f in sorted(self.runs_dir.glob("*.json")):
             record = read_record(f)
             if record is not None:
-                out.append(record)
+                out.append(_with_metrics(record, self.runs_dir) if metrics else record)
         return out
 
     def current_ids(self, manifest: dict[str, Any] | None = None) -> dict[str, str]:
@@ -256,6 +288,7 @@ class Results:
     provenance: pd.DataFrame | None = None
     stale: bool = False  # these are the stale runs (`load(..., stale=True)`)
     n_stale: int = 0  # stale records in the folder (not in these tables unless `stale`)
+    config_fields: tuple[str, ...] = ()  # the config columns of `runs`, in the config's order
 
 
 def _config_value(v):
@@ -303,10 +336,10 @@ def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
         raise StoreError(f"{p} is a file; load a results folder (the one holding runs/)")
     store = Store(p)
     manifest = store.experiment()
-    records = store.records()
+    records = store.records(metrics=False)
     current = store.current_ids(manifest)
     n_stale = sum(r["run_id"] not in current for r in records) if current else 0
-    rows, parts, prov = [], [], []
+    rows, parts, prov, fields = [], [], [], {}
     for r, label in label_runs(records, current, stale):
         seeds = r["seeds"]
         name = manifest["name"] if manifest and not stale and current else r["experiment"]
@@ -314,10 +347,11 @@ def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
         row["status"] = r["status"]
         row |= {col: seeds[s] for s, col in zip(STREAMS, SEED_COLUMNS, strict=True)}
         row |= {k: _config_value(v) for k, v in (ID_DEFAULTS | r["config"]).items()}
+        fields |= dict.fromkeys(r["config"]) | dict.fromkeys(ID_DEFAULTS)
         row |= r.get("summary") or {}
         row["wall_s"] = r.get("wall_s", np.nan)
         rows.append(row)
-        parts.extend(_metric_frames(r))
+        parts.extend(_metric_parts(r, store.runs_dir))
         prov.append(_provenance_row(r))
     runs = pd.DataFrame(rows)
     if manifest and len(runs):  # cells in the order the experiment adds them
@@ -326,13 +360,16 @@ def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
         runs = runs.assign(_o=key).sort_values(["_o", "cell", *SEED_COLUMNS], kind="stable")
         runs = runs.drop(columns="_o").reset_index(drop=True)
     if parts:
-        metrics = pd.concat(parts, ignore_index=True)
+        metrics = pa.concat_tables(parts).to_pandas()
     else:
         metrics = pd.DataFrame({"run_id": [], "step": [], "metric": [], "value": []})
     metrics = metrics.astype({"run_id": str, "step": np.int64, "metric": str, "value": np.float64})
     columns = ["run_id", "numerics", "code", "jax", "jaxlib", "flax", "device"]
+    columns += ["backend", "python", "time_utc"]
     provenance_frame = pd.DataFrame(prov, columns=columns)
-    return Results(p, runs, metrics, manifest, provenance_frame, stale, n_stale)
+    return Results(
+        p, runs, metrics, manifest, provenance_frame, stale, n_stale, config_fields=tuple(fields)
+    )
 
 
 def _provenance_row(r: dict[str, Any]) -> dict[str, Any]:
@@ -340,24 +377,85 @@ def _provenance_row(r: dict[str, Any]) -> dict[str, Any]:
     versions = prov.get("versions") or {}
     row = {"run_id": r["run_id"], "numerics": r.get("numerics", 1), "code": code_version(prov)}
     row |= {k: versions.get(k) for k in ("jax", "jaxlib", "flax")}
-    return row | {"device": prov.get("device")}
+    return row | {k: prov.get(k) for k in ("device", "backend", "python", "time_utc")}
 
 
-def _metric_frames(r: dict[str, Any]) -> list[pd.DataFrame]:
-    out = []
+_METRICS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("step", pa.int64()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+    ]
+)
+
+
+def _metrics_table(rid: str, series: dict, telemetry: dict) -> pa.Table:
+    """One run's per-step metrics, long, as an Arrow table (series first, then telemetry)."""
+    names, steps, values = [], [], []
+    for name, v in series.items():
+        values.append(np.asarray(v, np.float64).ravel())
+        steps.append(np.arange(len(values[-1]), dtype=np.int64))
+        names.append(name)
+    tel_steps = np.asarray(telemetry.get("steps", []), np.int64)
+    for name, v in (telemetry.get("metrics") or {}).items():
+        values.append(np.asarray(v, np.float64).ravel())
+        steps.append(tel_steps)
+        names.append(name)
+    sizes = [len(v) for v in values]
+    if not values:
+        return _METRICS_SCHEMA.empty_table()
+    metric = pa.DictionaryArray.from_arrays(
+        np.repeat(np.arange(len(names), dtype=np.int32), sizes), pa.array(names, pa.string())
+    )
+    return pa.table(
+        {
+            "run_id": pa.array([rid] * sum(sizes), pa.string()),
+            "step": np.concatenate(steps),
+            "metric": metric.cast(pa.string()),
+            "value": np.concatenate(values),
+        },
+        schema=_METRICS_SCHEMA,
+    )
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=["run_id", "metric"])
+    return sink.getvalue()
+
+
+def _read_metrics(path: Path) -> pa.Table:
+    return pq.read_table(path, schema=_METRICS_SCHEMA)
+
+
+def _with_metrics(record: dict[str, Any], runs_dir: Path) -> dict[str, Any]:
+    """The record with `series` and `telemetry` filled in from its Parquet file (as the JSON of
+    older records holds them: lists of numbers)."""
+    pointer = record.get("metrics")
+    if pointer is None:
+        return record
+    frame = _read_metrics(runs_dir / pointer["file"]).to_pandas()
+    series, tel = {}, {"steps": [], "metrics": {}}
+    for name, group in frame.groupby("metric", sort=False):
+        if name in pointer.get("series", ()):
+            series[name] = group["value"].tolist()
+        else:
+            tel["metrics"][name] = group["value"].tolist()
+            tel["steps"] = group["step"].tolist()
+    return record | {"series": series, "telemetry": tel}
+
+
+def _metric_parts(r: dict[str, Any], runs_dir: Path) -> list[pa.Table]:
+    """A run's rows of the metrics table: its Parquet file, or (older records) its series and
+    telemetry from the JSON, then its final eval_loss."""
     rid = r["run_id"]
-    for name, values in (r.get("series") or {}).items():
-        v = np.asarray(values, np.float64)
-        out.append(_long(rid, np.arange(len(v)), name, v))
-    tel = r.get("telemetry") or {}
-    steps = np.asarray(tel.get("steps", []), np.int64)
-    for name, values in (tel.get("metrics") or {}).items():
-        out.append(_long(rid, steps, name, np.asarray(values, np.float64)))
+    if r.get("metrics") is not None:
+        out = [_read_metrics(runs_dir / r["metrics"]["file"])]
+    else:
+        out = [_metrics_table(rid, r.get("series") or {}, r.get("telemetry") or {})]
     final = (r.get("summary") or {}).get("eval_loss")
     if final is not None:
-        out.append(_long(rid, np.asarray([r["config"]["steps"]]), "eval_loss", np.asarray([final])))
+        step = np.asarray([r["config"]["steps"]], np.int64)
+        out.append(_metrics_table(rid, {}, {"steps": step, "metrics": {"eval_loss": [final]}}))
     return out
-
-
-def _long(rid: str, steps, metric: str, values) -> pd.DataFrame:
-    return pd.DataFrame({"run_id": rid, "step": steps, "metric": metric, "value": values})

@@ -44,9 +44,10 @@ import optax
 from flax import nnx
 
 from fp4lab.core import recipes
+from fp4lab.core.spec import QuantSpec
 from fp4lab.nnx import telemetry
 from fp4lab.nnx.rules import Rule, quantize_model
-from fp4lab.schema import OPERANDS, STREAMS, operand_name
+from fp4lab.schema import STREAMS
 from fp4lab.train import divergence, loss_scaling
 from fp4lab.train.config import Config
 from fp4lab.train.tasks import Task, eval_batch, init_model, make_task, train_batch
@@ -87,15 +88,13 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt) if cfg.clip_norm else opt
 
 
-def _recipe(name: str, gemms, backward: str) -> recipes.GemmRecipe:
-    recipe = recipes.get(name)
-    label = name
-    for gemm, src_name in gemms:
-        src = recipes.get(src_name)
-        recipe = recipe.replace(
-            **{operand_name(gemm, o): src.spec(gemm, o) for o in OPERANDS[gemm]}
-        )
-        label += f"+{gemm}={src_name}"
+def _recipe(value, gemms, backward: str) -> recipes.GemmRecipe:
+    """The recipe of `Config.recipe` (a name or a GemmRecipe) with the overrides of
+    `Config.gemms` and `Config.backward`, labelled for `describe` ("nvfp4+wgrad=bf16")."""
+    recipe = recipes.override(recipes.get(value), gemms)
+    label = value if isinstance(value, str) else recipe.name or "custom"
+    for key, src in gemms:
+        label += f"+{key}={src.summary() if isinstance(src, QuantSpec) else src}"
     if backward:
         recipe = recipe.replace(backward=backward)
         label += f"+{backward}"
@@ -103,17 +102,9 @@ def _recipe(name: str, gemms, backward: str) -> recipes.GemmRecipe:
 
 
 def phase_rules(cfg: Config) -> list[tuple[int, int, list[Rule]]]:
-    """[(start, stop, rules)] of every precision phase, the first starting at step 0."""
-    state = {"recipe": cfg.recipe, "gemms": cfg.gemms, "backward": cfg.backward}
-    state["rules"] = cfg.rules
-    bounds = [(0, dict(state))]
-    for start, change in cfg.phases:
-        change = dict(change)
-        if set(change) == {"recipe"}:  # a bare recipe name: the whole model switches
-            state = {"recipe": change["recipe"], "gemms": (), "backward": "", "rules": ()}
-        else:
-            state = state | change
-        bounds.append((cfg.phase_start(start), dict(state)))
+    """[(start, stop, rules)] of every precision phase (`Config.precision`), the first
+    starting at step 0."""
+    bounds = cfg.precision()
     out = []
     for i, (start, s) in enumerate(bounds):
         stop = bounds[i + 1][0] if i + 1 < len(bounds) else cfg.steps
@@ -139,7 +130,8 @@ class Carry(NamedTuple):
 
 def _gradients(cfg: Config, task: Task, model, batch, scale, measure: bool):
     """(loss, Param gradients of loss * scale, telemetry metrics); metrics are empty unless
-    `measure`, and hold the shadow statistics too with `cfg.shadow`."""
+    `measure`, and hold the shadow's statistics too (shadow gradients and accumulated drift,
+    `fp4lab.nnx.telemetry`) with `cfg.shadow`."""
 
     def scaled_loss(model, batch, scale):
         loss = task.loss(model, batch)
@@ -149,9 +141,8 @@ def _gradients(cfg: Config, task: Task, model, batch, scale, measure: bool):
         grad_fn = nnx.value_and_grad(scaled_loss, argnums=nnx.DiffState(0, nnx.Param), has_aux=True)
         (_, loss), grads = grad_fn(model, batch, scale)
         return loss, grads, {}
-    (_, loss), grads, metrics = telemetry.value_and_grad(scaled_loss, has_aux=True)(
-        model, batch, scale
-    )
+    grad_fn = telemetry.value_and_grad(scaled_loss, has_aux=True, shadow=cfg.shadow)
+    (_, loss), grads, metrics = grad_fn(model, batch, scale)
     return loss, grads, metrics
 
 
@@ -162,9 +153,6 @@ def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, me
     scale = loss_scaling.scale_of(carry.loss_scale, cfg.loss_scaling)
     loss, grads, metrics = _gradients(cfg, task, model, batch, scale, measure)
     grads = loss_scaling.unscale(grads, carry.loss_scale, cfg.loss_scaling)
-    if measure and cfg.shadow:
-        exact = telemetry.exact_grads(lambda m, b: task.loss(m, b), model, batch)
-        metrics |= telemetry.shadow_metrics(grads, exact)
     new_rest = nnx.state(model, nnx.Not(nnx.Param))
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(grad_norm)
@@ -190,8 +178,14 @@ def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, me
     return Carry(params, opt_state, ls, div), new_rest, out, metrics
 
 
-def _run_phase(cfg: Config, task: Task, step, carry: Carry, p: int, start, stop, rules, keys):
-    """Steps [start, stop) under `rules`: (carry, [per-step outputs], [telemetry])."""
+def _run_phase(
+    cfg: Config, task: Task, step, carry: Carry, p: int, start, stop, rules, keys, report=None
+):
+    """Steps [start, stop) under `rules`: (carry, [per-step outputs], [telemetry]).
+
+    `report(t, keys, out)`, when given, is called (traced) after every step with its outputs;
+    `make_train` makes it a host callback every k steps that reads and changes nothing, and the
+    scans of one step are then inlined as XLA inlines them without it (bit-identical, tested)."""
     every = cfg.telemetry_every
     model = init_model(task, keys)
     quantize_model(
@@ -209,35 +203,49 @@ def _run_phase(cfg: Config, task: Task, step, carry: Carry, p: int, start, stop,
     def plain(state, t):
         carry, rest = state
         carry, rest, out, _ = step(carry, t, graph_off, rest, keys, False)
+        if report is not None:
+            report(t, keys, out)
         return (carry, rest), out
 
     def measured(state, t):
         carry, rest = state
         carry, rest, out, metrics = step(carry, t, graph_on, rest, keys, True)
+        if report is not None:
+            report(t, keys, out)
         return (carry, rest), (out, metrics)
+
+    def scan(body, state, ts):
+        # XLA inlines a loop of one iteration, but not one with side effects (the report's
+        # host callback), and the step then compiles differently (ulps in gradient norms,
+        # telemetry, eval_hp); so with a report a one-step scan is called directly, and the
+        # program keeps the numbers of the one without.
+        if report is not None and len(ts) == 1:
+            state, y = body(state, ts[0])
+            return state, jax.tree.map(lambda a: a[None], y)
+        return jax.lax.scan(body, state, ts)
 
     def chunk(state, t0):  # one measured step, then every - 1 plain ones
         state, (out0, metrics) = measured(state, t0)
         outs = jax.tree.map(lambda a: a[None], out0)
         if every > 1:
-            state, rest_outs = jax.lax.scan(plain, state, t0 + jnp.arange(1, every))
+            state, rest_outs = scan(plain, state, t0 + jnp.arange(1, every))
             outs = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), outs, rest_outs)
         return state, (outs, metrics)
 
     state = (carry, rest)
     outs, metrics = [], []
     if not every:
-        state, o = jax.lax.scan(plain, state, jnp.arange(start, stop))
+        state, o = scan(plain, state, jnp.arange(start, stop))
         return state[0], [o], []
     first_log = -(-start // every) * every  # the first multiple of `every` >= start
     head = min(first_log, stop) - start
     if head:
-        state, o = jax.lax.scan(plain, state, jnp.arange(start, start + head))
+        state, o = scan(plain, state, jnp.arange(start, start + head))
         outs.append(o)
     n_full = max(stop - first_log, 0) // every
     if n_full:
         t0s = first_log + every * jnp.arange(n_full)
-        state, (o, m) = jax.lax.scan(chunk, state, t0s)
+        state, (o, m) = scan(chunk, state, t0s)
         outs.append(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), o))
         metrics.append(m)
     tail_start = first_log + every * n_full
@@ -246,7 +254,7 @@ def _run_phase(cfg: Config, task: Task, step, carry: Carry, p: int, start, stop,
         outs.append(jax.tree.map(lambda a: a[None], o0))
         metrics.append(jax.tree.map(lambda a: a[None], m))
         if tail_start + 1 < stop:
-            state, o = jax.lax.scan(plain, state, jnp.arange(tail_start + 1, stop))
+            state, o = scan(plain, state, jnp.arange(tail_start + 1, stop))
             outs.append(o)
     return state[0], outs, metrics
 
@@ -271,12 +279,41 @@ def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int) -> jax.Array
     return jax.lax.scan(one, (params, rest), jnp.arange(cfg.eval_batches))[1].mean()
 
 
-def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any]]:
-    """A pure function keys -> run arrays for `config` (see the module docstring)."""
+def make_train(
+    config: Config, progress: Callable | None = None, every: int = 1
+) -> Callable[[dict[str, jax.Array]], dict[str, Any]]:
+    """A pure function keys -> run arrays for `config` (see the module docstring).
+
+    Args:
+      config: the run's configuration.
+      progress: a host function `progress(done, run, out)` called from inside the compiled
+        loop after every `every`-th step and after the last: `done` the steps done so far,
+        `run` the key data of the run's streams (uint32, `STREAMS` order; it tells the seeds of
+        a vmapped call apart, one call per seed), `out` {loss, grad_norm, loss_scale} of that
+        step. A `jax.debug.callback` behind a `lax.cond` on the (unbatched) step counter: it
+        reads values the step computes anyway and returns nothing, and scans of one step are
+        called directly (XLA inlines them only without a callback), so every result (series,
+        telemetry, evaluation) is bit-identical with and without it (tested on CPU); it runs
+        asynchronously and in no guaranteed order. A program with it is not written to jax's
+        persistent cache.
+      every: steps between two calls of `progress` (>= 1).
+    """
     cfg = config
     task = make_task(cfg)
     tx = make_optimizer(cfg)
     phases = phase_rules(cfg)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"make_train: every={every!r}; must be an int >= 1")
+    report = None
+    if progress is not None:
+
+        def report(t, keys, out):
+            def call():
+                run = jnp.concatenate([jax.random.key_data(keys[s]).ravel() for s in STREAMS])
+                jax.debug.callback(progress, t + 1, run, out)
+
+            due = ((t + 1) % every == 0) | (t + 1 == cfg.steps)
+            jax.lax.cond(due, call, lambda: None)
 
     def step(carry, t, graphdef, rest, keys, measure):
         return _step(cfg, task, tx, carry, t, graphdef, rest, keys, measure)
@@ -294,7 +331,7 @@ def make_train(config: Config) -> Callable[[dict[str, jax.Array]], dict[str, Any
         )
         outs, metrics = [], []
         for p, (start, stop, rules) in enumerate(phases):
-            carry, o, m = _run_phase(cfg, task, step, carry, p, start, stop, rules, keys)
+            carry, o, m = _run_phase(cfg, task, step, carry, p, start, stop, rules, keys, report)
             outs += o
             metrics += m
         result = dict(jax.tree.map(lambda *a: jnp.concatenate(a), *outs))

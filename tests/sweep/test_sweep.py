@@ -212,8 +212,13 @@ def test_no_pickle_in_results(tmp_path):
     sweep.run_experiment(exp, tmp_path / "res", progress=False)
     files = [f for f in (tmp_path / "res").rglob("*") if f.is_file()]
     assert len(list((tmp_path / "res" / "runs").glob("*.json"))) == exp.n_runs  # all written
-    for f in files:
-        json.loads(f.read_text())  # everything is JSON
+    assert {f.suffix for f in files} == {".json", ".parquet"}
+    for f in files:  # everything is JSON, or a run's metrics as Parquet
+        if f.suffix == ".parquet":
+            data = f.read_bytes()
+            assert data[:4] == data[-4:] == b"PAR1"
+        else:
+            json.loads(f.read_text())
 
 
 # ---------------------------------------------------------------------------------------------

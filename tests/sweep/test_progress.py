@@ -1,0 +1,122 @@
+"""Live progress: step reports from inside a compiled cell, plain lines off a terminal, the
+per-step JSONL stream; none of it changes a bit of the results."""
+
+import io
+import json
+import re
+import textwrap
+
+import numpy as np
+import pytest
+
+from fp4lab import sweep
+from fp4lab.sweep import runner, store
+from fp4lab.train.config import Config
+
+MLP = dict(task="teacher", din=32, dout=32, teacher_hidden=(32,), hidden=(32,), batch_size=32)
+
+
+CFG = Config(**MLP, steps=6, eval_batches=1, seed_batch=2, recipe="nvfp4", telemetry_every=2)
+# a phase of one full telemetry chunk and a partial one: one-step scans in every position
+PHASED = CFG.replace(steps=7, telemetry_every=3, phases=((4, "bf16"),))
+SEEDS = [(0, 0, 0), (1, 2, 3), (4, 5, 6)]
+
+
+def _differs(a: dict, b: dict) -> list[str]:
+    la, lb = _leaves(a), _leaves(b)
+    assert la.keys() == lb.keys()
+    return [k for k in la if not np.array_equal(la[k], lb[k], equal_nan=True)]
+
+
+@pytest.mark.parametrize("cfg, every", [(CFG, 2), (PHASED, 1)], ids=["telemetry", "phases"])
+def test_progress_callback_leaves_every_result_unchanged(cfg, every):
+    # SR and telemetry on, 3 seeds in calls of 2 (one padded): the host callback behind a
+    # lax.cond under vmap reads the step's outputs; every number of every run (series,
+    # telemetry, summary with eval_hp) is bit-identical to the program without it. (XLA inlines
+    # one-iteration loops only without side effects: the trainer unrolls them itself.)
+    seeds = SEEDS
+    plain = sweep.compute_cell(cfg.to_dict(), seeds)
+    events = []
+    shown = sweep.compute_cell(cfg.to_dict(), seeds, progress=events.append, every=every)
+    for a, b in zip(plain, shown, strict=True):
+        assert _differs(a["series"], b["series"]) == []
+        assert _differs(a["telemetry"], b["telemetry"]) == []
+        sa = {k: v for k, v in a["summary"].items() if k != "compile_s"}
+        sb = {k: v for k, v in b["summary"].items() if k != "compile_s"}
+        assert sa.keys() == sb.keys()
+        assert [k for k in sa if not (sa[k] == sb[k] or (sa[k] != sa[k] and sb[k] != sb[k]))] == []
+    kinds = [e["event"] for e in events]
+    assert kinds[:2] == ["compile", "compiled"]
+    steps = {(e["seed"], e["step"]): e for e in events if e["event"] == "step"}
+    assert len(steps) == kinds.count("step")  # the padding copy does not report twice
+    due = set(range(every, cfg.steps + 1, every)) | {cfg.steps}  # every k-th and the last
+    assert set(steps) == {(s, t) for s in seeds for t in due}
+    for s, out in zip(seeds, plain, strict=True):  # each report is that seed's own step
+        for t in due:
+            assert steps[s, t]["loss"] == float(out["series"]["loss"][t - 1])
+            assert steps[s, t]["grad_norm"] == float(out["series"]["grad_norm"][t - 1])
+
+
+def _leaves(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k: v for key in tree for k, v in _leaves(tree[key], f"{prefix}/{key}").items()}
+    return {prefix: np.asarray(tree)}
+
+
+def test_bad_progress_every_is_an_error():
+    cfg = Config(**MLP, steps=2, eval_batches=1, seed_batch=1).to_dict()
+    with pytest.raises(ValueError, match=r"every=0; must be an int >= 1"):
+        sweep.compute_cell(cfg, [(0, 0, 0)], progress=print, every=0)
+
+
+EXPERIMENT = """
+from fp4lab.train.config import Config
+
+def get_config():
+    return Config(task="teacher", din=32, dout=32, teacher_hidden=(32,), hidden=(32,),
+                  batch_size=32, steps=6, eval_batches=1, seed_batch=2)
+
+def sweep(add):
+    add("a", recipe="fp32", seeds=2)
+"""
+
+
+def test_plain_progress_lines_and_the_jsonl_stream(tmp_path):
+    path = tmp_path / "exp.py"
+    path.write_text(textwrap.dedent(EXPERIMENT))
+    out = tmp_path / "res"
+    log = io.StringIO()  # not a terminal: plain lines
+    bar = runner.Progress
+    try:  # every step line printed (no rate limit) so that the test sees them
+        runner.Progress = lambda *a, **k: bar(*a, **(k | {"stream": log, "interval": 0}))
+        sweep.run_experiment(sweep.load_experiment(path), out, progress_every=2, stream=True)
+    finally:
+        runner.Progress = bar
+    text = log.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert re.search(r"compiling cell a \(seeds 0-1\) \.\.\.$", lines[0])
+    assert re.search(r"compiled cell a \(seeds 0-1\) in \d+s$", lines[1])
+    steps = [line for line in lines if re.search(r"a \(seeds 0-1\): step \d/6 loss \d", line)]
+    assert [re.search(r"step (\d)/6", s).group(1) for s in steps] == ["2", "4", "6"]
+    assert "cell ETA" in steps[0]
+    assert re.search(r"done, loss [\d.]+ \| sweep 1/1 batches, 2/2 runs", lines[-1])
+    rows = [json.loads(line) for line in (out / runner.STREAM_FILE).read_text().splitlines()]
+    assert set(rows[0]) == set(runner.STREAM_FIELDS)
+    results = store.load(out)
+    assert {r["run_id"] for r in rows} == set(results.runs["run_id"])
+    assert sorted({r["step"] for r in rows}) == [2, 4, 6]
+    loss = results.metrics.query("metric == 'loss'").set_index(["run_id", "step"])["value"]
+    for r in rows:  # the stream holds the stored numbers (step n is the n-th step, index n-1)
+        assert r["loss"] == loss[r["run_id"], r["step"] - 1]
+        assert r["cell"] == "a"
+
+
+def test_progress_every_and_stream_are_checked(tmp_path):
+    path = tmp_path / "exp.py"
+    path.write_text(textwrap.dedent(EXPERIMENT))
+    exp = sweep.load_experiment(path)
+    with pytest.raises(sweep.ExperimentError, match="progress_every=-1; must be an int >= 0"):
+        sweep.run_experiment(exp, tmp_path / "r", progress_every=-1)
+    with pytest.raises(sweep.ExperimentError, match="stream=True needs step reports"):
+        sweep.run_experiment(exp, tmp_path / "r", progress_every=0, stream=True)
