@@ -171,6 +171,13 @@ def _print_summary(results, name: str) -> None:
     if results.runs.empty:
         print("no finished runs")
         return
+    if not (results.runs["status"] == "ok").any():  # no summary to tabulate: say why
+        failed = results.runs
+        print(f"\n{name}: no run finished; {len(failed)} failed")
+        if "error" in failed:
+            first = str(failed["error"].dropna().iloc[0]) if failed["error"].notna().any() else ""
+            print("first error: " + (first.strip().splitlines() or ["(none recorded)"])[-1])
+        return
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(f"\n{name}: per cell, intervals over seeds (95 %)")
         print(report.cell_table(results.runs).to_string(index=False))

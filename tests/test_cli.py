@@ -383,3 +383,14 @@ def test_run_with_telemetry_writes_the_drift_and_plot_draws_it(tmp_path, capsys)
     assert {"heatmap_rel_drift_recipe_nvfp4.png", "drift_vs_depth.png"} <= written, written
     assert cli.main([*argv, "--telemetry", "1", "--set", "shadow=False"]) == 2
     assert "give it once" in capsys.readouterr().err
+
+
+def test_a_sweep_whose_every_run_failed_says_so(tmp_path, capsys):
+    # MXFP4's 32-blocks do not divide the 16-wide layers: the run fails with that error
+    path = experiment(tmp_path, 'add(recipe="mxfp4")')
+    out = tmp_path / "res"
+    argv = ["run", str(path), "--out", str(out), "--quiet", "--no-figures", "--seeds", "1"]
+    assert cli.main(argv) == 1
+    assert "no run finished; 1 failed" in capsys.readouterr().out
+    assert cli.main(["show", str(out)]) == 0
+    assert "no run finished; 1 failed" in capsys.readouterr().out

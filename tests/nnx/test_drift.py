@@ -4,13 +4,10 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-import optax
-import pytest
 from flax import nnx
 
 import fp4lab as fl
 from fp4lab.core import recipes
-from fp4lab.models import Transformer, TransformerConfig
 from fp4lab.nnx import telemetry
 from fp4lab.schema import ACC_STATS, acc_key
 
@@ -157,41 +154,11 @@ def test_the_step_is_bit_identical_with_the_shadow_on_or_off():
     )
 
 
-CFG = dict(vocab=32, d_model=32, n_layers=3, n_heads=2, d_ff=64, max_len=16)
-TOKENS = jax.random.randint(jax.random.key(0), (2, 17), 0, 32)
-RULES = [fl.Rule(r"lm_head", None), fl.Rule(r"blocks\.1\..*", "bf16"), fl.Rule(r".*", "nvfp4")]
-
-
-def _lm_loss(model, tokens):
-    logits = model(tokens[:, :-1])
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-
-def _lm(scan: bool):
-    model = Transformer(TransformerConfig(**CFG, scan_layers=scan), rngs=nnx.Rngs(0))
-    return fl.quantize_model(model, RULES, key=jax.random.key(1), telemetry=True)
-
-
-def test_scanned_and_unscanned_models_report_the_same_drift_per_layer():
-    _, _, ma = _measure(_lm_loss, _lm(False), TOKENS)
-    _, _, mb = _measure(_lm_loss, _lm(True), TOKENS)
-    acc = {k for k in ma if k.startswith("acc/")}
-    assert acc == {k for k in mb if k.startswith("acc/")}
-    assert {k.split("/")[1] for k in acc} >= {f"blocks.{i}.mlp.down" for i in range(3)}
-    for k in acc:
-        np.testing.assert_allclose(mb[k], ma[k], rtol=2e-3, atol=1e-5, err_msg=k)
-    # the residual stream carries error upward: the last block's input has drifted
-    assert float(ma["acc/blocks.2.attn.query/fwd/rel_drift"]) > 0
-    assert float(ma["acc/blocks.0.attn.query/fwd/rel_drift"]) == pytest.approx(
-        float(ma["acc/blocks.0.attn.query/fwd/local"]), rel=1e-6
-    )
-
-
 def test_drift_under_vmap_over_seeds_is_each_seeds_own():
-    def measure(key):
-        model = Transformer(TransformerConfig(**CFG, scan_layers=True), rngs=nnx.Rngs(0))
-        fl.quantize_model(model, RULES, key=key, telemetry=True)
-        return telemetry.value_and_grad(_lm_loss, shadow=True)(model, TOKENS)[2]
+    def measure(key):  # stochastic rounding: the quantization key is the seed
+        model = Chain(3, rngs=nnx.Rngs(0))
+        fl.quantize_model(model, [fl.Rule(".*", "nvfp4")], key=key, telemetry=True)
+        return telemetry.value_and_grad(_square_loss, shadow=True)(model, X)[2]
 
     k0, k1, k2 = jax.random.split(jax.random.key(5), 3)
     run = jax.jit(jax.vmap(measure))  # seeds always run vmapped (fp4lab.sweep.compute_cell)
@@ -199,7 +166,7 @@ def test_drift_under_vmap_over_seeds_is_each_seeds_own():
     assert any(k.startswith("acc/") for k in a)
     for k in a:
         np.testing.assert_array_equal(a[k][1], b[k][0], err_msg=k)
-    assert not np.array_equal(a["acc/blocks.0.mlp.up/bwd/cos"], b["acc/blocks.0.mlp.up/bwd/cos"])
+    assert not np.array_equal(a["acc/layers.0/bwd/cos"], b["acc/layers.0/bwd/cos"])
 
 
 def test_the_trainer_logs_drift_every_k_steps_and_trains_the_same_without_it():
@@ -208,7 +175,7 @@ def test_the_trainer_logs_drift_every_k_steps_and_trains_the_same_without_it():
 
     # the MLP (a compile of the scanned LM's shadow step costs minutes on two cores; the LM is
     # covered at the model level above)
-    base = dict(task="teacher", din=16, dout=16, teacher_hidden=(16,), hidden=(16, 16),
+    base = dict(task="teacher", din=16, dout=16, teacher_hidden=(16,), hidden=(16,),
                 batch_size=8, steps=4, eval_batches=1, recipe="nvfp4", telemetry_every=2,
                 seed_batch=1)  # fmt: skip
     (on,) = sweep.compute_cell(Config(**base, shadow=True).to_dict(), [(0, 1, 2)])
@@ -223,15 +190,3 @@ def test_the_trainer_logs_drift_every_k_steps_and_trains_the_same_without_it():
     }
     assert all(len(v) == 2 and np.isfinite(v).all() for v in drift.values())
     assert not any(k.startswith("acc/") for k in off["telemetry"]["metrics"])
-
-
-def test_depth_is_the_forward_order_of_the_ops_scanned_or_not():
-    order = []
-    for scan in (False, True):
-        _, _, m = _measure(_lm_loss, _lm(scan), TOKENS)
-        depth = {k.removeprefix("depth/"): float(v) for k, v in m.items() if k.startswith("depth/")}
-        order.append(sorted(depth, key=depth.get))
-    block = ["attn.query", "attn.key", "attn.value", "attn.out", "mlp.gate", "mlp.up", "mlp.down"]
-    # blocks 0 and 2 (block 1 is bf16, also measured); lm_head is high precision: no op
-    expected = [f"blocks.{i}.{name}" for i in range(3) for name in block]
-    assert order[0] == order[1] == expected
