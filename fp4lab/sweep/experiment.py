@@ -102,7 +102,7 @@ class Experiment:
         manifest = {
             "name": self.name,
             "file": Path(self.path).name,
-            "path": str(Path(self.path).resolve()),
+            "path": _shown_path(self.path),
             "cells": [
                 {"label": c.label, "overrides": c.overrides, "run_ids": c.run_ids()}
                 for c in self.cells
@@ -115,6 +115,17 @@ class Experiment:
     @property
     def n_runs(self) -> int:
         return sum(len(c.seeds) for c in self.cells)
+
+
+def _shown_path(path) -> str:
+    """The experiment file's path as a manifest records it: relative to the working directory
+    when the file lies under it (a results folder in a repository names no machine's paths),
+    else absolute."""
+    full = Path(path).resolve()
+    try:
+        return full.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(full)
 
 
 def seed_triples(seeds) -> tuple[tuple[int, int, int], ...]:

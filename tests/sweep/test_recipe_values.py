@@ -119,3 +119,19 @@ def test_bad_recipe_values_in_a_file_name_the_line_and_field(tmp_path, add, mess
         sweep.load_experiment(path)
     text = str(e.value)
     assert message in text and f"bad.py:{body.count(chr(10)) + 1}: cell" in text
+
+
+def test_the_manifest_names_the_file_relative_to_the_working_directory(tmp_path, monkeypatch):
+    from fp4lab.sweep import load_experiment
+
+    (tmp_path / "exps").mkdir()
+    path = tmp_path / "exps" / "e.py"
+    path.write_text(
+        "from fp4lab.train.config import Config\n"
+        "def get_config():\n    return Config(task='teacher', steps=1)\n"
+        "def sweep(add):\n    add(recipe='fp32')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert load_experiment(path).manifest()["path"] == "exps/e.py"  # no machine's path
+    monkeypatch.chdir(tmp_path / "exps")
+    assert load_experiment(path).manifest()["path"] == "e.py"
