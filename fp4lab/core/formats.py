@@ -17,6 +17,11 @@ Formats (OCP 8-bit floating point and Microscaling v1.0 specifications):
   int8   8     -         -         -     127        symmetric: saturates to +-127
   bf16, fp16, fp32                                  pass-through casts (RNE of the dtype)
 
+Pass-through casts are also computed with arithmetic (`cast_round`), not as a cast to the
+dtype and back: XLA's excess-precision rewrites may drop such a round trip inside a fused
+program, which would leave a simulated BF16 GEMM with unrounded operands. Like a dtype cast,
+they overflow to +-inf and keep subnormals.
+
 Saturation: every cast clamps to +-max before rounding, so overflow never produces inf or nan
 (ml_dtypes' float8_e4m3fn would turn 464 into nan).
 """
@@ -36,6 +41,7 @@ __all__ = [
     "get_format",
     "format_names",
     "round_to_format",
+    "cast_round",
     "encode",
     "decode",
     "grid",
@@ -157,6 +163,41 @@ def _quantum(a: jax.Array, fmt: ElementFormat) -> jax.Array:
 # Rounding.
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def cast_round(x: jax.Array, fmt: str | ElementFormat) -> jax.Array:
+    """x rounded to a pass-through format's dtype and back, as float32 (bit-exact with
+    `x.astype(dtype).astype(float32)`: round to nearest even, overflow to +-inf, subnormals
+    kept, NaN stays NaN), written so that no compiler rewrite can drop it.
+
+    bf16 rounds the float32 bits (add half an ulp of the kept bits, ties to even, clear the
+    dropped ones); fp16 rounds with its power-of-two quantum (`round_to_format`'s arithmetic)
+    and sends what rounds above its max to inf. The derivative is 1, as for a dtype cast.
+    """
+    fmt = get_format(fmt)
+    if fmt.kind != "cast":
+        raise ValueError(
+            f"cast_round is for pass-through formats (bf16, fp16, fp32), not {fmt.name}"
+        )
+    x = jnp.asarray(x).astype(jnp.float32)
+    if fmt.name == "fp32":
+        return x
+    if fmt.name == "bf16":
+        u = jax.lax.bitcast_convert_type(x, jnp.uint32)
+        u = (u + jnp.uint32(0x7FFF) + ((u >> 16) & 1)) & jnp.uint32(0xFFFF0000)
+        return jnp.where(jnp.isnan(x), x, jax.lax.bitcast_convert_type(u, jnp.float32))
+    a = jnp.abs(x)
+    q = _quantum(jnp.minimum(a, jnp.float32(fmt.max)), fmt)  # inf takes the top binade's
+    r = jnp.round(a / q) * q
+    r = jnp.where(r > fmt.max, jnp.inf, r)
+    return jnp.where(jnp.isnan(x), x, jnp.copysign(r, x))
+
+
+@cast_round.defjvp
+def _cast_round_jvp(fmt, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return cast_round(x, fmt), jnp.asarray(t).astype(jnp.float32)
+
+
 def round_to_format(
     x: jax.Array,
     fmt: str | ElementFormat,
@@ -181,7 +222,7 @@ def round_to_format(
     if fmt.kind == "cast":
         if rounding == "stochastic":
             raise ValueError(f"stochastic rounding is not offered for pass-through {fmt.name}")
-        return x.astype(fmt.dtype).astype(jnp.float32)
+        return cast_round(x, fmt)
     if fmt.kind == "pow2":
         return round_pow2(x, "nearest")
     x = x.astype(jnp.float32)

@@ -184,7 +184,7 @@ def quantize(
     xb, scaled, scope, transform_key = quantize_blocks(x, spec, key, transform_key, amax)
     fmt = formats.get_format(spec.elem)
     if fmt.kind == "cast":
-        codes = scaling.unblock(xb).astype(fmt.dtype)
+        codes = scaling.unblock(scaled.q).astype(fmt.dtype)  # exact: already rounded
     else:
         codes = formats.encode(scaling.unblock(scaled.q), fmt)
     outer = _outer(scaled, scope)
@@ -217,7 +217,7 @@ def quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
     xb = scaling.block_view(xt, _tile(spec, xt.shape))
     if fmt.kind == "cast":
         one = jnp.ones((1,) * (xt.ndim + 2), jnp.float32)
-        q = xb.astype(fmt.dtype).astype(jnp.float32)
+        q = formats.cast_round(xb, fmt)
         return xb, scaling.Scaled(q, one, jnp.float32(1.0)), None, transform_key
     amax_b = scaling.block_amax(xb) if spec.block_scale is not None else None
     if amax is None or spec.outer == "none":

@@ -91,7 +91,7 @@ __all__ = [
 # Bump when a change to fp4lab alters the numbers of any run on purpose (a new rounding rule, a
 # fixed bug in a quantizer, a different data sampler): every run id changes with it, so a rerun
 # recomputes everything and the older records become stale instead of being reused.
-NUMERICS_VERSION = 1
+NUMERICS_VERSION = 2  # 2: pass-through casts (bf16, fp16) no longer droppable by XLA
 # Config fields added after results were first stored, with the default that reproduces the
 # numbers from before the field existed: left out of the run id while they hold that default,
 # so adding a field does not turn every stored run stale. Add a field here when it is added

@@ -196,6 +196,42 @@ def test_subnormals_of_each_format(name):
     assert_same(out[: 2 * sub.size], np.concatenate([sub, -sub]))  # exact on the grid
 
 
+@pytest.mark.parametrize("name, dtype", [("bf16", ml_dtypes.bfloat16), ("fp16", np.float16)])
+def test_pass_through_casts_match_ml_dtypes_on_every_kind_of_float32(name, dtype):
+    """cast_round computes the cast with arithmetic; it must equal ml_dtypes' cast bit for bit
+    on random float32 bit patterns (subnormals, NaN payloads, infinities, huge values) and on
+    the ties and overflow edges of the target dtype."""
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = np.array(
+        [0.0, np.inf, np.nan, 65504, 65519.99, 65520, 2**-24, 2**-25, 3 * 2**-26, 1e-45, 1e-39]
+        + [3.3895314e38, 3.3961776e38, float(np.finfo(np.float32).max), 1 + 2**-8, 1 + 3 * 2**-8],
+        np.float32,
+    )
+    x = np.concatenate([x, edges, -edges])
+    with np.errstate(all="ignore"):
+        expected = x.astype(dtype).astype(np.float32)
+    assert_same(jax.jit(lambda v: formats.cast_round(v, name))(x), expected)
+    assert_same(rnd(jnp.asarray(x), name), expected)
+    assert jax.grad(lambda v: formats.cast_round(v, name).sum())(jnp.ones(3)).tolist() == [1.0] * 3
+
+
+def test_pass_through_cast_survives_fusion_inside_a_larger_program():
+    """A cast to bf16 and back may be dropped by XLA's excess-precision rewrites when it is
+    fused into a larger program (it was, inside the training step); cast_round is arithmetic
+    and is not. Here: cast operands feeding a dot that feeds more elementwise work."""
+    a = jax.random.normal(jax.random.key(0), (32, 32))
+    b = jax.random.normal(jax.random.key(1), (32, 32))
+    f = jax.jit(
+        lambda a, b: jnp.tanh(formats.cast_round(a, "bf16") @ formats.cast_round(b, "bf16"))
+    )
+    ra = np.asarray(a).astype(ml_dtypes.bfloat16).astype(np.float32)
+    rb = np.asarray(b).astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_allclose(f(a, b), np.tanh(ra @ rb), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="pass-through"):
+        formats.cast_round(a, "e4m3")
+
+
 @pytest.mark.parametrize("name", FLOATS + INTS)
 def test_nan_stays_nan(name):
     out = rnd(jnp.array([jnp.nan, -jnp.nan, 1.0], jnp.float32), name)
