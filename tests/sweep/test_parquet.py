@@ -2,6 +2,7 @@
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -71,10 +72,13 @@ def test_an_edited_or_missing_parquet_file_makes_the_record_bad(tmp_path):
         assert st.finished(rid)
 
 
-def test_committed_results_load_as_before():
-    # records of schema 1/2 keep their metrics inside the JSON; a few rows pinned here
-    results = store.load("results/sqrt3")
+def test_schema_1_records_load_as_before():
+    # two records of schema 1 (as first committed in results/sqrt3): metrics inside the JSON
+    results = store.load(Path(__file__).parent / "data" / "schema1")
     m = results.metrics
-    assert len(results.runs) == 20 and len(m) == 165620
+    assert len(results.runs) == 2 and len(m) == 16562
     assert list(m.columns) == ["run_id", "step", "metric", "value"]
     assert m["step"].dtype == np.int64 and m["value"].dtype == np.float64
+    first = m[m["run_id"].eq("0e59b07c2a8f0651") & m["metric"].eq("loss")].head(2)
+    np.testing.assert_allclose(first["value"], [2.535776, 2.531449], rtol=1e-6)
+    assert set(results.provenance["numerics"]) == {1}
