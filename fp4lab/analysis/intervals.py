@@ -179,19 +179,40 @@ def ratio_ci(
 
     Independent (unpaired) resampling ignores any pairing of seeds between the two samples,
     which makes the interval conservative when runs that share seeds are correlated. A ratio
-    inf/inf (neither sample reaches) is undefined (NaN); finite/inf is -1. Percentile
-    interval (a ratio of medians with infinite values defeats BCa): optimistic at small n.
-    Fewer than 3 values in either sample: no interval.
+    inf/inf (neither sample reaches) is undefined (NaN); finite/inf is -1. With finite values
+    the interval is BCa (`scipy.stats.bootstrap` on the two samples, seeded as in
+    `bootstrap_ci`); infinite values (runs that never reached a target) defeat BCa's jackknife,
+    and so does a sample of equal values, and the interval is then the plain percentile
+    interval, read as optimistic at small n. Fewer than 3 values in either sample: no interval.
     """
     a, b = np.asarray(num, np.float64).ravel(), np.asarray(den, np.float64).ravel()
     if a.size == 0 or b.size == 0:
         return Interval(NAN, NAN, NAN)
+
+    def ratio(x, y, axis=-1):
+        return stat(x, axis=axis) / stat(y, axis=axis) - 1
+
     with np.errstate(invalid="ignore", divide="ignore"):
-        estimate = float(stat(a) / stat(b) - 1)
+        estimate = float(ratio(a, b))
         if min(a.size, b.size) < 3:
             return Interval(estimate, NAN, NAN)
         rng = np.random.default_rng(seed)
+        if np.all(np.isfinite(a)) and np.all(np.isfinite(b)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a degenerate jackknife warns and gives NaN
+                res = scipy_stats.bootstrap(
+                    (a, b),
+                    ratio,
+                    n_resamples=n_boot,
+                    confidence_level=level,
+                    method="BCa",
+                    vectorized=True,
+                    random_state=rng,
+                )
+            lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+            if np.isfinite(lo) and np.isfinite(hi):
+                return Interval(estimate, lo, hi)
         ia = rng.integers(0, a.size, size=(n_boot, a.size))
         ib = rng.integers(0, b.size, size=(n_boot, b.size))
-        boots = stat(a[ia], axis=-1) / stat(b[ib], axis=-1) - 1
+        boots = ratio(a[ia], b[ib])
     return Interval(estimate, *percentile_interval(boots, level))

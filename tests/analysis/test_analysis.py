@@ -208,6 +208,24 @@ def _tokens_runs():
     return pd.DataFrame(rows)
 
 
+def test_ratio_ci_covers_a_known_ratio_of_medians():
+    """BCa on the two samples (finite values): 8 lognormal runs per side, the true ratio of
+    medians e**0.2 - 1 covered by at least 90 % of 200 nominal 95 % intervals (measured 93.5 %;
+    the plain percentile interval it replaced is narrower)."""
+    rng = np.random.default_rng(1)
+    hits = 0
+    for i in range(200):
+        a, b = np.exp(rng.normal(0.2, 0.3, 8)), np.exp(rng.normal(0.0, 0.3, 8))
+        iv = analysis.ratio_ci(a, b, np.median, seed=i, n_boot=1000)
+        hits += iv.lo <= np.exp(0.2) - 1 <= iv.hi
+    assert hits / 200 >= 0.90
+    # infinite values (never reached): the percentile interval, still an interval
+    iv = analysis.ratio_ci([5, 6, np.inf, 5.5, 6.2], [4, 5, 4.5, 5.2, 4.8])
+    assert iv.estimate == pytest.approx(0.25) and 0 < iv.lo < 0.25 and iv.hi == np.inf
+    assert analysis.ratio_ci([5, 5, 5], [4, 4, 4]) == (0.25, 0.25, 0.25)
+    assert np.isnan(analysis.ratio_ci([5, 6], [4, 5, 6]).lo)  # < 3 values: no interval
+
+
 def test_tokens_to_target_overhead_and_never():
     runs = _tokens_runs()
     table = analysis.tokens_to_target(runs, baseline={"recipe": "fp8"}, match=("lr",)).set_index(
