@@ -6,7 +6,9 @@ cell against another, paired on the seeds the two cells share) large against the
 deviation each seed stream induces? `verdict` answers it in one table.
 
     fixed rows    each pair of cells (or each cell against `baseline`): the mean difference of
-                  the outcome, seeds as crossed random effects (`crossed.mean_interval`)
+                  the outcome, seeds as crossed random effects (`crossed.mean_interval`); the
+                  row's factor names the design choice the two cells differ in: recipe,
+                  layer rules, GEMM overrides, backward, phases (or several, joined by " + ")
     random rows   per cell, each stream: the SD it induces with the other streams held fixed,
                   its interactions included (`components.stream_totals`), and its share
 
@@ -26,9 +28,17 @@ import pandas as pd
 from fp4lab.analysis import components, crossed
 from fp4lab.schema import STREAMS
 
-__all__ = ["verdict"]
+__all__ = ["verdict", "design_factor"]
 
 NAN = float("nan")
+# Precision choices a pair of cells can differ in: the runs table's column, the factor's name.
+DESIGN = {
+    "recipe": "recipe",
+    "rules": "layer rules",
+    "gemms": "GEMM overrides",
+    "backward": "backward",
+    "phases": "phases",
+}
 COLUMNS = ["factor", "kind", "term", "verdict", "effect", "lo", "hi", "share", "share_lo"]
 COLUMNS += ["share_hi", "levels", "in_seed_sd", "evidence"]
 
@@ -80,7 +90,9 @@ def verdict(
       level: family-wise coverage (Bonferroni over all judged rows).
       draws: generalized pivotal draws per cell. seed: their seed (same call, same table).
     Returns:
-      DataFrame with columns factor, kind ("fixed"/"random"), term, verdict, effect, lo, hi,
+      DataFrame with columns factor (fixed rows: the design choice, see `design_factor`; `by`
+      when the cells differ in none; random rows: the stream), kind ("fixed"/"random"), term,
+      verdict, effect, lo, hi,
       share, share_lo, share_hi, levels (fewest seed levels involved), in_seed_sd, evidence.
       attrs: outcome, level, comparisons (m), row_level, correction.
     """
@@ -105,7 +117,8 @@ def verdict(
         pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
     for a, b in pairs:
         d, lay = crossed.paired_layout(cells[a], cells[b], outcome, streams)
-        fixed.append(dict(factor=by, kind="fixed", term=f"{b} - {a}", d=d, lay=lay, a=a, b=b))
+        factor = design_factor(cells[a], cells[b]) or by
+        fixed.append(dict(factor=factor, kind="fixed", term=f"{b} - {a}", d=d, lay=lay, a=a, b=b))
     m = sum(
         r["lay"] is not None and min(r["lay"].levels, default=1) >= crossed.MIN_LEVELS
         for r in fixed
@@ -118,6 +131,17 @@ def verdict(
     out.attrs = dict(outcome=outcome, level=level, comparisons=m, row_level=row_level)
     out.attrs |= dict(correction="Bonferroni", interval="generalized (crossed random seeds)")
     return out
+
+
+def design_factor(a: pd.DataFrame, b: pd.DataFrame) -> str:
+    """The precision choices (`DESIGN`) two cells' runs differ in, joined by " + "; "" when
+    they differ in none of them (or the runs table has no such columns)."""
+
+    def value(rows: pd.DataFrame, column: str) -> str:
+        return repr(rows[column].iloc[0]) if len(rows) else ""
+
+    differ = [name for col, name in DESIGN.items() if col in a and value(a, col) != value(b, col)]
+    return " + ".join(differ)
 
 
 def _stream_rows(cell, y, lay, gci, streams) -> list[dict]:

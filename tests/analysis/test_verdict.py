@@ -97,3 +97,21 @@ def test_a_cell_of_one_run_and_a_contrast_of_one_pair_are_too_few_seeds():
     assert v.loc[v.kind == "fixed", "verdict"].tolist() == ["no shared seeds"]
     assert set(v.loc[v.term == "a", "verdict"]) == {"not varied"}
     assert v.attrs["comparisons"] == 3  # the three streams of cell b
+
+
+def test_fixed_rows_name_the_design_choice_the_cells_differ_in():
+    base = dict(recipe="nvfp4", gemms="[]", rules="[]", backward="", phases="[]")
+    runs = pd.concat(
+        [
+            cell("bf16", rng=8).assign(**base | dict(recipe="bf16")),
+            cell("nvfp4", offset=0.04, rng=9).assign(**base),
+            cell("nvfp4,wgrad=bf16", offset=0.03, rng=10).assign(**base | dict(gemms="wgrad")),
+        ]
+    )
+    fixed = analysis.verdict(runs).query("kind == 'fixed'").set_index("term")["factor"]
+    assert fixed["nvfp4 - bf16"] == "recipe"
+    assert fixed["nvfp4,wgrad=bf16 - nvfp4"] == "GEMM overrides"
+    assert fixed["nvfp4,wgrad=bf16 - bf16"] == "recipe + GEMM overrides"
+    # without design columns the factor is the grouping column
+    plain = pd.concat([cell("a"), cell("b", rng=1)])
+    assert analysis.verdict(plain).query("kind == 'fixed'")["factor"].tolist() == ["cell"]
