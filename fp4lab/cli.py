@@ -10,10 +10,13 @@ fp4lab show RESULTS        the summary table: loss gap with a seed interval, div
 fp4lab show RESULTS --stale    the same for the stale runs (the file no longer asks for them)
 fp4lab plot RESULTS        the standard figures, as PNG files in RESULTS/figures
 fp4lab report RESULTS      one self-contained HTML page: RESULTS/report.html
+fp4lab export --tensorboard RESULTS [--out LOGDIR]
+                           every run's metrics as TensorBoard scalars, one folder per run
+                           (default LOGDIR: RESULTS/tensorboard)
 fp4lab formats | demo      the element formats; a tour of the toolkit
 
 Options are never abbreviated (`--seed` is an error, not `--seeds`). A folder given to show,
-plot or report that is not a results folder (no experiment.json, no runs/) is an error.
+plot, report or export that is not a results folder (no experiment.json, no runs/) is an error.
 """
 
 from __future__ import annotations
@@ -300,6 +303,30 @@ def _report(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from fp4lab.analysis import export
+    from fp4lab.sweep import store
+
+    results = store.load(_results_folder(args.results))
+    if results.runs.empty:
+        print(
+            f"fp4lab export: error: {args.results} holds no runs of its experiment yet; nothing "
+            f"to export (fp4lab ls {args.results})",
+            file=sys.stderr,
+        )
+        return 1
+    out = Path(args.out) if args.out else Path(args.results) / "tensorboard"
+    try:
+        folders = export.tensorboard(results, out)
+    except export.TensorBoardNotInstalled as e:
+        print(f"fp4lab export: error: {e}", file=sys.stderr)
+        return 2
+    for folder in folders:
+        print(folder)
+    print(f"view them: tensorboard --logdir {out}")
+    return 0
+
+
 EXAMPLES = """examples:
   fp4lab run experiments/quickstart.py --workers 2       run a sweep (resumes where it stopped)
   fp4lab run experiments/quickstart.py --dry-run         its cells and seeds, what is finished
@@ -310,6 +337,7 @@ EXAMPLES = """examples:
   fp4lab ls results                                      runs per cell of every results folder
   fp4lab show results/quickstart                         the summary table
   fp4lab report results/quickstart                       one HTML page with tables and figures
+  fp4lab export --tensorboard results/quickstart         every run's metrics for TensorBoard
   fp4lab formats                                         the element formats
   fp4lab run -h                                          the options of one command
 """
@@ -475,6 +503,21 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "show":
             p.add_argument("--stale", action="store_true", help="the stale runs instead")
         p.set_defaults(func=fn)
+
+    text = "write every run's metrics in another format (TensorBoard event files)"
+    export = sub.add_parser("export", help=text, description=text)
+    export.add_argument("results", help="a results folder")
+    formats = export.add_mutually_exclusive_group(required=True)
+    formats.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="TensorBoard event files: one folder per run, <cell>/init<i>_data<d>_quant<q>, every "
+        'metric a scalar by step (needs tensorboardX: pip install "fp4lab[tensorboard]")',
+    )
+    export.add_argument(
+        "--out", metavar="LOGDIR", help="where to write (default: RESULTS/tensorboard)"
+    )
+    export.set_defaults(func=_export)
     return parser
 
 

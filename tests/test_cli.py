@@ -104,7 +104,7 @@ def argparse_error(capsys, argv) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-COMMANDS = ("formats", "demo", "run", "ls", "show", "plot", "report")
+COMMANDS = ("formats", "demo", "run", "ls", "show", "plot", "report", "export")
 
 
 def listed_commands(capsys) -> dict[str, str]:
@@ -126,6 +126,7 @@ def test_bare_fp4lab_prints_help_with_examples(capsys):
     assert "element formats" in out and "e2m1" not in out  # the format list is `fp4lab formats`
     helps = listed_commands(capsys)
     assert set(COMMANDS) <= set(helps) and helps["formats"] == "list the element formats"
+    assert "fp4lab export --tensorboard results/quickstart" in out
 
 
 def test_formats_lists_the_element_formats(capsys):
@@ -203,16 +204,16 @@ def test_options_are_never_abbreviated(tmp_path, capsys, argv, word):
     assert not (tmp_path / "results").exists()
 
 
-def test_show_report_plot_of_a_folder_that_is_not_a_results_folder(tmp_path, capsys):
+def test_show_report_plot_export_of_a_folder_that_is_not_a_results_folder(tmp_path, capsys):
     folder = tmp_path / "notes"
     folder.mkdir()
     (folder / "a.txt").write_text("x")
-    for command in ("show", "report", "plot"):
-        assert cli.main([command, str(folder)]) == 2
+    for command, *options in (["show"], ["report"], ["plot"], ["export", "--tensorboard"]):
+        assert cli.main([command, *options, str(folder)]) == 2
         line = one_error_line(capsys)
         assert line.startswith(f"fp4lab {command}: error: {folder} is not a results folder")
         assert "(no experiment.json, no runs/)" in line
-    assert sorted(p.name for p in folder.iterdir()) == ["a.txt"]  # no report.html, no figures
+    assert sorted(p.name for p in folder.iterdir()) == ["a.txt"]  # no report, figures, logs
 
 
 def test_a_folder_of_results_folders_names_them(tmp_path, capsys):
@@ -239,6 +240,12 @@ def test_a_results_folder_whose_runs_have_not_finished(tmp_path, capsys):
         f"(fp4lab ls {out})"
     )
     assert not (out / "report.html").exists()
+    assert cli.main(["export", "--tensorboard", str(out)]) == 1
+    assert one_error_line(capsys) == (
+        f"fp4lab export: error: {out} holds no runs of its experiment yet; nothing to export "
+        f"(fp4lab ls {out})"
+    )
+    assert not (out / "tensorboard").exists()
 
 
 # ---------------------------------------------------------------------------------------------

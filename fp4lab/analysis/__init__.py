@@ -7,8 +7,10 @@ components  variance components of the seed streams per cell (variance_component
 verdicts    the verdict table: precision choices against the seed streams' spread
 tables      per-cell tables: divergence rate, loss gap, paired differences, tokens to target
 factors     shares of variance of a main-effects model of the design factors
+labels      readable names of cells and statistics for figures (cell_label, stat_label)
 plots       figures (imported on first use: `fp4lab.analysis.plots`)
 report      the HTML report of a results folder (`fp4lab.analysis.report`)
+export      a results folder as TensorBoard event files (`fp4lab.analysis.export`)
 """
 
 from fp4lab.analysis.components import variance_components
@@ -35,6 +37,7 @@ from fp4lab.analysis.intervals import (
     t_interval,
     wilson_interval,
 )
+from fp4lab.analysis.labels import cell_label, stat_label
 from fp4lab.analysis.tables import (
     BASELINE_RECIPES,
     default_baseline,
@@ -53,6 +56,7 @@ __all__ = [
     "SUMMARIES",
     "attach",
     "bootstrap_ci",
+    "cell_label",
     "default_baseline",
     "design_factors",
     "divergence_rate",
@@ -68,6 +72,7 @@ __all__ = [
     "ratio_ci",
     "scalar_metric",
     "seed_factors",
+    "stat_label",
     "t_interval",
     "tokens_to_target",
     "to_frame",

@@ -14,6 +14,10 @@ in greyscale print.
     gnr_curves              gradient-to-noise ratio per layer over steps, with the sqrt(3) line
     format_staircase        error against input scale, one line per format
     standard_figures        the standard set for a results object, written as PNGs
+
+Cells are named in words (`labels.cell_label`: "recipe=nvfp4,wgrad=bf16" reads "NVFP4, Wgrad
+in BF16") and statistics by what they measure (`labels.stat_label`); every function that names
+cells takes `labels`, a dict {cell name: readable name} that overrides the names it gives.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +35,11 @@ from matplotlib import colors as mcolors
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import PercentFormatter
 
 from fp4lab.analysis import factors, frames, tables
+from fp4lab.analysis.labels import cell_label, stat_label
 from fp4lab.schema import ACC_OPERANDS, ACC_STATS, GEMMS, GRAD_STATS, OPERANDS, SQRT3, STATS
 
 __all__ = [
@@ -53,6 +59,10 @@ SIGNED = ("bias",)  # drawn with a diverging map centred at 0
 _LOG_STATS = ("rel_err", "rel_drift", "local")  # errors: a log colour scale when they span decades
 DPI = 150
 _LINESTYLES = ("-", "--", "-.", ":")
+# a heatmap cell without a value (the operand is not quantized): hatched light grey, never a
+# colour of the scale; a non-finite value (a diverged run, an infinite ratio) is plain grey
+_HATCHED = dict(facecolor="0.93", edgecolor="0.6", hatch="////", lw=0)
+_NON_FINITE = "0.85"
 
 
 def _styled(fn):
@@ -138,6 +148,36 @@ def heatmap_norm(values, stat: str) -> mcolors.Normalize:
     return mcolors.Normalize(lo, hi if hi > lo else lo + 1e-12)
 
 
+def _unquantized(tele: pd.DataFrame, by: Sequence[str] = ()) -> pd.Series:
+    """Per row of quantizer telemetry: does it belong to an operand left unquantized?
+
+    The ops record such an operand (a GEMM kept in high precision by a per-GEMM override, the
+    backward operands of backward="high_precision") as zeros in every statistic
+    (`fp4lab.ops.plan`). An operand whose every recorded statistic is exactly 0 at every logged
+    step of the given runs (of each group of `by`, e.g. per run) counts as one; an operand
+    quantized without any error at every step (e.g. a BF16 cast of BF16 weights) reads the
+    same, and is one in effect.
+    """
+    keys = [tele[k] for k in (*by, "layer", "gemm", "operand")]
+    return tele["value"].eq(0).groupby(keys).transform("all")
+
+
+def _depth_layers(metrics: pd.DataFrame, runs: pd.DataFrame | None, cell: str | None) -> set:
+    """The layers of the selected runs' `depth/<layer>` rows: every measured op the forward ran
+    through, whatever telemetry it has."""
+    rows = _select(metrics[metrics["metric"].str.startswith("depth/")], runs, cell)
+    return set(rows["metric"].str.removeprefix("depth/"))
+
+
+def _hatch(ax, x_edges: np.ndarray, missing: np.ndarray) -> None:
+    """Hatched rectangles over the True cells of `missing` (layers x steps, row i spanning
+    y in [i, i+1]), one rectangle per run of adjacent cells in a row."""
+    for row, line in enumerate(missing):
+        change = np.diff(np.concatenate([[0], line.astype(int), [0]]))
+        for a, b in zip(np.flatnonzero(change == 1), np.flatnonzero(change == -1), strict=True):
+            ax.add_patch(Rectangle((x_edges[a], row), x_edges[b] - x_edges[a], 1, **_HATCHED))
+
+
 @_styled
 def gradient_flow_heatmap(
     metrics: pd.DataFrame,
@@ -148,6 +188,7 @@ def gradient_flow_heatmap(
     agg: str = "median",
     kind: str | None = None,
     norm: mcolors.Normalize | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Figure:
     """Where quantization error enters, and how it accumulates: a telemetry statistic by layer
     (rows, first layer on top) and step (columns).
@@ -158,15 +199,22 @@ def gradient_flow_heatmap(
     (`acc/` keys: rel_drift, local, and cos with kind="acc") get one panel per direction,
     forward (the op's output) and backward (the cotangent arriving at it). Panels share one
     colour scale (`heatmap_norm`; pass `norm` to share one across figures). Values are
-    aggregated over the selected runs (`agg`, the median over seeds by default); missing or
-    infinite values are grey.
+    aggregated over the selected runs (`agg`, the median over seeds by default).
+
+    A cell without a value is hatched light grey, "not quantized" in the legend, never a colour
+    of the scale: an operand the ops record as unquantized (zeros in every statistic at every
+    step, e.g. a GEMM kept in high precision by an override), an operand or step with no row,
+    and every operand of a layer that `depth/<layer>` names but the statistic's telemetry does
+    not. A non-finite value (a diverged run; a gradient-to-noise ratio without noise) is grey.
 
     Args:
       metrics: the long metrics table. stat: the statistic to draw.
       runs, cell: draw only the runs of this cell (needs the runs table). agg: a pandas reduction.
       kind: "quant", "grad" or "acc" (default: inferred from `stat`). norm: the colour scale.
+      labels: {cell name: readable name} for the title (default `labels.cell_label`).
     Returns:
-      The figure. Raises ValueError when the metrics hold no such statistic.
+      The figure. Raises ValueError when the metrics hold no such statistic, or only for
+      operands that are not quantized.
     """
     kind = _telemetry_kind(stat, kind)
     if kind == "grad":
@@ -176,16 +224,21 @@ def gradient_flow_heatmap(
         tele = tele.assign(operand=tele["gemm"].map(ACC_OPERANDS))
     else:
         tele = frames.quant_telemetry(metrics)
-    tele = _select(tele[tele["stat"] == stat], runs, cell)
-    if tele.empty:
+    tele = _select(tele, runs, cell)
+    if not (tele["stat"] == stat).any():
         raise ValueError(f"no {kind} telemetry for statistic {stat!r}")
+    named = set(tele["layer"])
+    if kind != "grad":  # op paths, as depth/ names them (grad/ names parameters)
+        named |= _depth_layers(metrics, runs, cell)
+    layers = frames.layer_order(named, frames.depths(metrics))
+    steps = np.sort(tele.loc[tele["stat"] == stat, "step"].unique())
     titles = {}
     if kind == "grad":
         tele = tele.assign(gemm="shadow gradient", operand="")
         panels = [[("shadow gradient", "")]]
         titles[panels[0][0]] = "shadow gradient"
-    elif kind == "acc":
-        have = set(tele["gemm"])
+    elif kind == "acc":  # the directions that have the statistic (cos: backward only)
+        have = set(tele.loc[tele["stat"] == stat, "gemm"])
         panels = [[(d, ACC_OPERANDS[d]) for d in ACC_STATS if d in have]]
         titles = {(d, ACC_OPERANDS[d]): _DIRECTION_TITLES[d, stat] for d in have}
     else:
@@ -193,34 +246,44 @@ def gradient_flow_heatmap(
         gemms = [g for g in GEMMS if any((g, o) in have for o in OPERANDS[g])]
         panels = [[(g, OPERANDS[g][i]) for g in gemms] for i in (0, 1)]
         titles = {(g, o): f"{g} · {o}" for g in gemms for o in OPERANDS[g]}
-    grid = tele.assign(value=_finite(tele["value"]))
-    grid = grid.groupby(["gemm", "operand", "layer", "step"])["value"].agg(agg).reset_index()
-    layers, steps = (
-        frames.layer_order(tele["layer"], frames.depths(metrics)),
-        np.sort(tele["step"].unique()),
-    )
+        tele = tele[~_unquantized(tele)]  # no value: hatched below, never the colour of 0
+    tele = tele[tele["stat"] == stat]
+    if tele.empty:
+        raise ValueError(f"no quantized operand in the telemetry of {stat!r}: none to draw")
+    tele = tele.assign(value=_finite(tele["value"]))
+    grouped = tele.groupby(["gemm", "operand", "layer", "step"])["value"]
+    grid = pd.DataFrame({"value": grouped.agg(agg), "rows": grouped.size()}).reset_index()
     norm = norm or heatmap_norm(grid["value"], stat)
     name = "rocket" if stat == "cos" else "rocket_r"  # dark = worse
     cmap = sns.color_palette("vlag" if stat in SIGNED else name, as_cmap=True)
-    cmap = cmap.with_extremes(bad="0.85")
+    cmap = cmap.with_extremes(bad=_NON_FINITE)
     nrows, ncols = len(panels), len(panels[0])
     height = max(2.2, 0.16 * len(layers) + 1.2)
-    fig = _figure(3.4 * ncols + 1.2 + (1.0 if kind == "acc" else 0.0), height * nrows + 0.4)
+    fig = _figure(3.4 * ncols + 1.2 + (1.0 if kind == "acc" else 0.0), height * nrows + 0.7)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True)
-    mesh = None
+    x_edges = _edges(steps.astype(float))
+    mesh, hatched, non_finite = None, False, False
     for i, row in enumerate(panels):
         for j, (gemm, operand) in enumerate(row):
             ax = axes[i, j]
             panel = grid[(grid["gemm"] == gemm) & (grid["operand"] == operand)]
-            z = panel.pivot(index="layer", columns="step", values="value")
-            data = z.reindex(index=layers, columns=steps).to_numpy(np.float64)
+            data, count = (
+                panel.pivot(index="layer", columns="step", values=v)
+                .reindex(index=layers, columns=steps)
+                .to_numpy(np.float64)
+                for v in ("value", "rows")
+            )
+            missing = np.isnan(count)
             mesh = ax.pcolormesh(
-                _edges(steps.astype(float)),
+                x_edges,
                 np.arange(len(layers) + 1),
                 np.ma.masked_invalid(data),
                 cmap=cmap,
                 norm=norm,
             )
+            _hatch(ax, x_edges, missing)
+            hatched |= bool(missing.any())
+            non_finite |= bool((np.isnan(data) & ~missing).any())
             ax.set_title(titles.get((gemm, operand), gemm), fontsize="medium")
             ax.grid(False)
     ax0 = axes[0, 0]
@@ -229,9 +292,13 @@ def gradient_flow_heatmap(
     ax0.set_yticks(np.arange(len(layers))[::every] + 0.5, layers[::every])
     for ax in axes[-1]:
         ax.set_xlabel("step")
-    label = f"{stat} (drift against the high-precision shadow)" if kind == "acc" else stat
-    fig.colorbar(mesh, ax=axes, label=label, shrink=0.9)
-    fig.suptitle(f"{stat} by layer and step" + (f" — {cell}" if cell else ""))
+    fig.colorbar(mesh, ax=axes, label=stat_label(stat, kind=kind), shrink=0.9)
+    handles = [Patch(**(_HATCHED | {"lw": 0.5}), label="not quantized")] if hatched else []
+    handles += [Patch(facecolor=_NON_FINITE, label="no finite value")] if non_finite else []
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False)
+    what = stat_label(stat, kind=kind, unit=False)
+    fig.suptitle(f"{what} by layer and step" + (f" — {cell_label(cell, labels)}" if cell else ""))
     return fig
 
 
@@ -244,6 +311,7 @@ def drift_vs_depth(
     steps: Sequence[int] | None = None,
     by: str = "cell",
     local: bool = True,
+    labels: Mapping[str, str] | None = None,
 ) -> Figure:
     """Accumulated drift against depth: one panel per direction (forward: each op's output;
     backward: the cotangent arriving at it), layers in depth order on x, a log y axis.
@@ -257,6 +325,7 @@ def drift_vs_depth(
       metrics: the long metrics table. runs: the runs table, for lines per cell.
       stat: "rel_drift" (both directions) or "cos" (backward). steps: the logged steps to draw
         (default: the last one). by: the runs column naming the lines.
+      labels: {cell name: readable name} for the legend (default `labels.cell_label`).
     """
     tele = frames.acc_telemetry(metrics)
     if tele.empty:
@@ -304,7 +373,8 @@ def drift_vs_depth(
                     ax.plot(x[order], med, color=color, ls=style, lw=1.5, alpha=alpha, marker=".")
                     ax.fill_between(x[order], lo, hi, color=color, alpha=0.15, lw=0)
                     if direction == directions[0]:
-                        label = str(line) + (f", step {step}" if len(steps) > 1 else "")
+                        label = cell_label(line, labels, by=by)
+                        label += f", step {step}" if len(steps) > 1 else ""
                         label += ", the op's own error" if what == "local" else ""
                         handles.append(Line2D([], [], color=color, ls=style, label=label))
         name = "forward: output y" if direction == "fwd" else "backward: cotangent dy"
@@ -334,6 +404,7 @@ def loss_curves(
     by: str = "cell",
     band: str = "minmax",
     gap: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> Figure:
     """Loss over steps per cell: the median over seeds with a band over seeds.
 
@@ -346,6 +417,7 @@ def loss_curves(
     Args:
       runs, metrics: the store's tables. metric: "loss", "eval_loss", "grad_norm", ...
       by: the runs column whose values are the curves. band: "minmax" or "iqr". gap: see above.
+      labels: {cell name: readable name} for the legend (default `labels.cell_label`).
     """
     if band not in ("minmax", "iqr"):
         raise ValueError(f"band must be 'minmax' or 'iqr', got {band!r}")
@@ -365,7 +437,8 @@ def loss_curves(
             lo, hi = wide.quantile(0.25, axis=1), wide.quantile(0.75, axis=1)
         ok = runs[(runs[by] == c) & (runs["status"] == "ok")]
         n_div = int(ok["diverged"].astype(bool).sum())
-        label = f"{c} (n={wide.shape[1]}" + (f", {n_div} diverged)" if n_div else ")")
+        label = f"{cell_label(c, labels, by=by)} (n={wide.shape[1]}"
+        label += f", {n_div} diverged)" if n_div else ")"
         color, ls = palette[i % len(palette)], _LINESTYLES[(i // len(palette)) % 4]
         ax.plot(wide.index, wide.median(axis=1), color=color, ls=ls, lw=1.6, label=label)
         ax.fill_between(wide.index, lo, hi, color=color, alpha=0.18, lw=0)
@@ -375,12 +448,19 @@ def loss_curves(
     if gap and (curves["value"] > 0).any():
         ax.set_yscale("log")
     ax.set_xlabel("step")
-    unit = " (nats)" if metric in ("loss", "eval_loss") else ""
-    ax.set_ylabel(f"{metric} − floor{unit}" if gap else f"{metric}{unit}")
+    name = stat_label(metric, unit=False)
+    unit = stat_label(metric, task=_task(runs)).removeprefix(name)  # " (nats)" for an LM
+    ax.set_ylabel(f"{name} − floor{unit}" if gap else f"{name}{unit}")
     what = "min–max" if band == "minmax" else "interquartile range"
-    ax.set_title(f"{metric}: median over seeds, band = {what}")
+    ax.set_title(f"{name}: median over seeds, band = {what}")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return fig
+
+
+def _task(runs: pd.DataFrame) -> str | None:
+    """The runs' task when they share one (it sets the unit of a loss), else None."""
+    tasks = runs["task"].dropna().unique() if "task" in runs else []
+    return str(tasks[0]) if len(tasks) == 1 else None
 
 
 def _fmt(x: float, percent: bool) -> str:
@@ -393,6 +473,14 @@ def _fmt(x: float, percent: bool) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
 
 
+def _bar_name(value, column: str, labels: Mapping[str, str] | None) -> str:
+    """A ladder's name for a value of a label column: a cell in words, any name as `labels`
+    renames it."""
+    if column == "cell":
+        return cell_label(value, labels)
+    return str(labels[value]) if labels is not None and value in labels else str(value)
+
+
 @_styled
 def ladder(
     table: pd.DataFrame,
@@ -402,6 +490,7 @@ def ladder(
     percent: bool = False,
     title: str | None = None,
     xlabel: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Figure:
     """Horizontal bars with interval whiskers, one per row of an analysis table, in table order.
 
@@ -413,12 +502,15 @@ def ladder(
 
     Args:
       table: one row per bar. value: the column drawn.
-      label: the column (or columns, joined with ", ") naming each bar.
+      label: the column (or columns, joined with ", ") naming each bar; a "cell" column reads
+        in words (`labels.cell_label`).
       percent: format the axis and numbers as percentages (ratios such as overhead, shares).
       title, xlabel: override the defaults.
+      labels: {name: readable name} overriding the names of the bars' cells (or other names).
     """
     cols = [label] if isinstance(label, str) else list(label)
-    names = table[cols].astype(str).agg(", ".join, axis=1).to_numpy()
+    texts = [[_bar_name(v, col, labels) for v in table[col]] for col in cols]
+    names = [", ".join(parts) for parts in zip(*texts, strict=True)]
     nan = pd.Series(np.nan, index=table.index)
     v = table[value].to_numpy(np.float64)
     lo = table.get(f"{value}_lo", nan).to_numpy(np.float64)
@@ -453,7 +545,7 @@ def ladder(
     ax.set_ylim(len(names) - 0.4, -0.6)  # first row on top
     if percent:
         ax.xaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.set_xlabel(xlabel or value)
+    ax.set_xlabel(xlabel or stat_label(value))
     ax.grid(axis="y", visible=False)
     fig.suptitle(title or f"{value} with interval", x=0.01, ha="left")
     return fig
@@ -466,6 +558,7 @@ def gnr_curves(
     *,
     by: str = "cell",
     agg: str = "median",
+    labels: Mapping[str, str] | None = None,
 ) -> Figure:
     """Gradient-to-noise ratio ||g|| / ||g_q - g|| per layer over steps, against sqrt(3).
 
@@ -477,6 +570,7 @@ def gnr_curves(
     Args:
       metrics: the long metrics table. runs: the runs table, for panels per cell.
       by: the runs column naming the panels. agg: a pandas reduction over seeds.
+      labels: {cell name: readable name} for the panel titles (default `labels.cell_label`).
     """
     tele = frames.grad_telemetry(metrics)
     tele = tele[tele["stat"] == "gnr"]
@@ -500,7 +594,7 @@ def gnr_curves(
             ax.plot(line.index.get_level_values("step"), line, color=colors[layer], lw=1.2)
         ax.axhline(SQRT3, color="#c0392b", ls="--", lw=1.2)
         ax.set_yscale("log")
-        ax.set_title(str(panel))
+        ax.set_title(cell_label(panel, labels, by=by))
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax in axes[-1]:
@@ -553,8 +647,8 @@ def format_staircase(
     if (frame[y] > 0).all():
         ax.set_yscale("log")
     ax.set_xlabel(f"input {x}")
-    ax.set_ylabel(y)
-    ax.set_title(f"{y} against input {x}")
+    ax.set_ylabel(stat_label(y))
+    ax.set_title(f"{stat_label(y, unit=False)} against input {x}")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return fig
 
@@ -567,28 +661,45 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", str(text)).strip("_") or "all"
 
 
-def iter_figures(results) -> Iterator[tuple[str, Figure]]:
+def iter_figures(results, labels: Mapping[str, str] | None = None) -> Iterator[tuple[str, Figure]]:
     """(name, figure) of the standard set, lazily; figures whose data is absent are skipped.
 
-    Names are unique (a suffix _2, _3 ... where two cells give the same file name).
+    Names are unique (a suffix _2, _3 ... where two cells give the same file name) and keep the
+    cells' own names (heatmap_rel_err_recipe_nvfp4); the figures show them in words
+    (`labels.cell_label`), or as `labels` ({cell name: readable name}) names them.
 
     loss and eval_loss curves; ladders of divergence rate, loss gap, tokens to target and
     overhead against `analysis.default_baseline`; each factor's share of the loss gap's variance;
     heatmaps of rel_err and bias per cell; the gradient-to-noise ratio.
     """
     seen: dict[str, int] = {}
-    for name, fig in _figures(results.runs, results.metrics):
+    for name, fig in _figures(results.runs, results.metrics, labels):
         seen[name] = seen.get(name, 0) + 1
         yield (name if seen[name] == 1 else f"{name}_{seen[name]}"), fig
 
 
-def _labelled(table: pd.DataFrame, count: str, word: str) -> pd.DataFrame:
-    """The table with a `label` column: the cell, and "(k word)" where the count k is nonzero."""
-    pairs = zip(table["cell"], table[count], strict=True)
-    return table.assign(label=[f"{c} ({k} {word})" if k else str(c) for c, k in pairs])
+def _labelled(table: pd.DataFrame, count: str, word: str, labels) -> pd.DataFrame:
+    """The table with a `label` column: the cell in words, and "(k word)" where the count k is
+    nonzero."""
+    names = [cell_label(c, labels) for c in table["cell"]]
+    pairs = zip(names, table[count], strict=True)
+    return table.assign(label=[f"{c} ({k} {word})" if k else c for c, k in pairs])
 
 
-def _figures(runs: pd.DataFrame, metrics: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
+def _quantized_values(metrics: pd.DataFrame, stat: str, kind: str) -> pd.Series:
+    """Every run's values of a quantizer or drift statistic, less those of operands a run left
+    unquantized (`_unquantized`): what one colour scale for all cells must span."""
+    if kind == "acc":
+        tele = frames.acc_telemetry(metrics)
+        return tele.loc[tele["stat"] == stat, "value"]
+    tele = frames.quant_telemetry(metrics)
+    quantized = ~_unquantized(tele, by=["run_id"])
+    return tele.loc[quantized & (tele["stat"] == stat), "value"]
+
+
+def _figures(
+    runs: pd.DataFrame, metrics: pd.DataFrame, labels: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, Figure]]:
     if runs.empty:
         return
     ok = runs[runs["status"] == "ok"]
@@ -602,29 +713,32 @@ def _figures(runs: pd.DataFrame, metrics: pd.DataFrame) -> Iterator[tuple[str, F
     for metric in ("loss", "eval_loss"):
         points = metrics.loc[metrics["metric"] == metric].groupby("run_id").size()
         if len(points) and points.max() >= 2:  # a curve needs two points; else the ladders say it
-            yield f"{metric}_curves", loss_curves(runs, metrics, metric=metric, gap=gap)
+            fig = loss_curves(runs, metrics, metric=metric, gap=gap, labels=labels)
+            yield f"{metric}_curves", fig
     failed = (runs["status"] != "ok").any() or ok["diverged"].astype(bool).any()
     if len(ok) and failed:  # nothing diverged: no figure of zeros
         rates = tables.divergence_rate(runs)
         cols = zip(rates["cell"], rates["diverged"], rates["n"], strict=True)
-        rates["label"] = [f"{c} ({d}/{n})" for c, d, n in cols]
+        rates["label"] = [f"{cell_label(c, labels)} ({d}/{n})" for c, d, n in cols]
         title = "divergence rate per cell (Wilson 95% interval)"
         xlabel = "fraction of seeds diverged"
         fig = ladder(rates, "rate", label="label", percent=True, title=title, xlabel=xlabel)
         yield "divergence_rate", fig
     if known("loss_gap"):
         title = "final loss - floor (mean over seeds, seeds as random effects, 95%)"
-        gaps = _labelled(tables.loss_gap(runs), "nonfinite", "non-finite")
-        yield "loss_gap", ladder(gaps, "gap", label="label", title=title, xlabel="loss gap")
+        gaps = _labelled(tables.loss_gap(runs), "nonfinite", "non-finite", labels)
+        xlabel = stat_label("loss_gap", task=_task(ok))
+        yield "loss_gap", ladder(gaps, "gap", label="label", title=title, xlabel=xlabel)
     if known("target_loss"):
         base, match = tables.default_baseline(ok)
         table = _labelled(
-            tables.tokens_to_target(runs, baseline=base, match=match), "never", "never"
+            tables.tokens_to_target(runs, baseline=base, match=match), "never", "never", labels
         )
         title = "tokens to target (median over seeds, bootstrap 95%)"
         yield "tokens_to_target", ladder(table, "tokens", label="label", title=title)
         if base is not None:
-            title = f"extra tokens to target against {base['recipe']} (bootstrap 95%)"
+            against = cell_label(base["recipe"], by="recipe")
+            title = f"extra tokens to target against {against} (bootstrap 95%)"
             fig = ladder(table, "overhead", label="label", percent=True, title=title)
             yield "overhead", fig
     outcome = "loss_gap" if known("loss_gap") else "final_loss"
@@ -633,7 +747,8 @@ def _figures(runs: pd.DataFrame, metrics: pd.DataFrame) -> Iterator[tuple[str, F
         # design factors only: seed streams are random effects (analysis.variance_components)
         shares = factors.variance_decomposition(runs, outcome, swept)
         if shares.attrs["df_res"] > 0:
-            title = f"share of the variance of {outcome} by design factor (ω², 95%)"
+            what = stat_label(outcome, unit=False)
+            title = f"share of the variance of the {what} by design factor (ω², 95%)"
             fig = ladder(shares, "share", label="factor", percent=True, title=title)
             yield f"variance_{outcome}", fig
     quant = {n.split("/")[-1] for n in names if n.startswith("quant/")}
@@ -642,32 +757,28 @@ def _figures(runs: pd.DataFrame, metrics: pd.DataFrame) -> Iterator[tuple[str, F
     heatmaps += [(s, "acc") for s in ("rel_drift",) if s in drift]
     for stat, kind in heatmaps:
         # one colour scale for every cell of a statistic, so the cells compare
-        prefix = "acc/" if kind == "acc" else "quant/"
-        values = metrics.loc[
-            metrics["metric"].str.startswith(prefix) & metrics["metric"].str.endswith("/" + stat),
-            "value",
-        ]
-        norm = heatmap_norm(values, stat)
+        norm = heatmap_norm(_quantized_values(metrics, stat, kind), stat)
         for cell in _cells(runs, "cell"):
             try:
                 fig = gradient_flow_heatmap(
-                    metrics, stat, runs=runs, cell=cell, kind=kind, norm=norm
+                    metrics, stat, runs=runs, cell=cell, kind=kind, norm=norm, labels=labels
                 )
-            except ValueError:  # no telemetry in this cell
+            except ValueError:  # no telemetry in this cell, or nothing quantized
                 continue
             yield f"heatmap_{stat}_{_slug(cell)}", fig
     if "rel_drift" in drift:
-        yield "drift_vs_depth", drift_vs_depth(metrics, runs)
+        yield "drift_vs_depth", drift_vs_depth(metrics, runs, labels=labels)
     if any(n.startswith("grad/") and n.endswith("/gnr") for n in names):
-        yield "gradient_to_noise", gnr_curves(metrics, runs)
+        yield "gradient_to_noise", gnr_curves(metrics, runs, labels=labels)
 
 
-def standard_figures(results, out_dir) -> list[Path]:
+def standard_figures(results, out_dir, labels: Mapping[str, str] | None = None) -> list[Path]:
     """Writes the standard figures of a results object (.runs, .metrics) as PNGs.
 
     Args:
       results: anything with the store's `runs` and `metrics` DataFrames.
       out_dir: the folder to write into (created if missing).
+      labels: {cell name: readable name} overriding `labels.cell_label` in the figures.
     Returns:
       The paths written, in order. Figures whose data is absent (no telemetry, no target, a
       single recipe) are skipped without error.
@@ -675,7 +786,7 @@ def standard_figures(results, out_dir) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    for name, fig in iter_figures(results):
+    for name, fig in iter_figures(results, labels):
         path = out / f"{name}.png"
         fig.savefig(path, dpi=DPI)
         paths.append(path)

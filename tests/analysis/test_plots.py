@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from fp4lab import analysis
 from fp4lab.analysis import plots, report
+from fp4lab.schema import STATS
 
 pytestmark = pytest.mark.filterwarnings("error")  # a warning while drawing is a failure
 
@@ -109,6 +110,57 @@ def test_gradient_flow_heatmap_facets_the_gemms(results):
         plots.gradient_flow_heatmap(results.metrics, "underflow")
 
 
+def _hatched_rows(ax) -> set[int]:
+    """The rows of a heatmap panel covered by hatched "not quantized" rectangles, each checked
+    to span every logged step."""
+    rows = set()
+    x_lo, x_hi = ax.collections[0].get_coordinates()[0, [0, -1], 0]
+    for patch in ax.patches:
+        assert patch.get_hatch() == "////" and patch.get_facecolor()[:3] == (0.93, 0.93, 0.93)
+        assert (patch.get_x(), patch.get_x() + patch.get_width()) == (x_lo, x_hi)
+        rows.add(int(patch.get_y()))
+    return rows
+
+
+def test_operands_without_a_value_are_hatched_never_the_colour_of_0():
+    """lm_head ran in high precision (a depth/ row, no telemetry); blocks.1 has no wgrad·dy rows;
+    blocks.0's Dgrad GEMM is kept in high precision, which the ops record as zeros in every
+    statistic. All three are hatched "not quantized", none drawn as the colour of 0."""
+    rows = [("r", 0, f"depth/{layer}", d) for d, layer in enumerate(("b.0", "b.1", "lm_head"))]
+    for t, (i, layer), (gemm, op), stat in itertools.product(
+        (0, 2), enumerate(("b.0", "b.1")), OPERANDS, STATS
+    ):
+        if (layer, gemm, op) == ("b.1", "wgrad", "dy"):
+            continue
+        value = 0.0 if (layer, gemm) == ("b.0", "dgrad") else 0.1 + i / 10 + t / 100
+        rows.append(("r", t, f"quant/{layer}/{gemm}/{op}/{stat}", value))
+    metrics = pd.DataFrame(rows, columns=["run_id", "step", "metric", "value"])
+    fig = plots.gradient_flow_heatmap(metrics, "rel_err")
+    _png(fig)
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    assert [t.get_text() for t in panels["fprop · x"].get_yticklabels()] == [
+        "b.0",
+        "b.1",
+        "lm_head",
+    ]
+    expected = {"fprop · x": {2}, "fprop · w": {2}, "dgrad · dy": {0, 2}, "dgrad · w": {0, 2}}
+    expected |= {"wgrad · x": {2}, "wgrad · dy": {1, 2}}
+    for title, hatched in expected.items():
+        ax = panels[title]
+        assert _hatched_rows(ax) == hatched, title
+        values = ax.collections[0].get_array()
+        assert set(np.flatnonzero(np.ma.getmaskarray(values).all(axis=1))) == hatched
+        assert not np.ma.getmaskarray(values).any(axis=1)[sorted({0, 1} - hatched)].any()
+    np.testing.assert_allclose(panels["fprop · x"].collections[0].get_array()[1], [0.2, 0.22])
+    norm = panels["fprop · x"].collections[0].norm
+    assert (norm.vmin, norm.vmax) == pytest.approx((0.1, 0.22))  # the zeros are not on the scale
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["not quantized"]
+    assert legend.legend_handles[0].get_hatch() == "////"
+    with pytest.raises(ValueError, match="no quantized operand"):
+        plots.gradient_flow_heatmap(metrics[metrics["metric"].str.contains("b.0/dgrad")], "bias")
+
+
 def test_signed_statistic_gets_a_centred_map(results):
     fig = plots.gradient_flow_heatmap(
         results.metrics, "bias", runs=results.runs, cell="recipe=mxfp4"
@@ -124,7 +176,14 @@ def test_loss_curves_show_seed_bands_and_divergence(results):
         _png(fig)
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "recipe=mxfp4 (n=3, 1 diverged)" in labels and "recipe=bf16 (n=3)" in labels
+    # cells in words, with their seeds and divergences
+    assert labels == [
+        "BF16 (n=3)",
+        "NVFP4 (n=3)",
+        "MXFP4 (n=3, 1 diverged)",
+        "loss floor (optimum)",
+    ]
+    assert ax.get_ylabel() == "loss (nats)"
     assert len(ax.collections) == 3  # one band per cell
     assert any(np.allclose(line.get_ydata(), 2.0) for line in ax.get_lines())  # the floor
     _png(plots.loss_curves(results.runs, results.metrics, metric="eval_loss", gap=True))
@@ -138,6 +197,7 @@ def test_ladder_draws_intervals_and_never(results):
     _png(fig)
     text = _texts(fig)
     assert "0.0%  [0.0%, 0.0%]" in text and "∞]" in text  # the mxfp4 upper end is open
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["BF16", "NVFP4", "MXFP4"]
     odd = pd.DataFrame({"cell": ["a", "b", "c"], "x": [0.5, np.inf, np.nan]})
     fig = plots.ladder(odd, "x")
     _png(fig)
@@ -148,11 +208,39 @@ def test_gnr_curves_draw_the_sqrt3_threshold(results):
     fig = plots.gnr_curves(results.metrics, results.runs)
     _png(fig)
     panels = [ax for ax in fig.axes if ax.get_visible()]
-    assert [ax.get_title() for ax in panels] == ["recipe=nvfp4", "recipe=mxfp4"]
+    assert [ax.get_title() for ax in panels] == ["NVFP4", "MXFP4"]
     for ax in panels:
         assert any(np.allclose(line.get_ydata(), np.sqrt(3)) for line in ax.get_lines())
         assert ax.get_yscale() == "log"
         assert len(ax.get_lines()) == 4  # three quantized layers (lm_head: no noise) and sqrt(3)
+
+
+def test_labels_override_the_cell_names_of_every_figure(results):
+    labels = {"recipe=bf16": "baseline", "recipe=mxfp4": "MX (ours)"}
+    legend = plots.loss_curves(results.runs, results.metrics, labels=labels).axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()][:3] == [
+        "baseline (n=3)",
+        "NVFP4 (n=3)",  # not named in `labels`: in words
+        "MX (ours) (n=3, 1 diverged)",
+    ]
+    fig = plots.gnr_curves(results.metrics, results.runs, labels=labels)
+    assert [ax.get_title() for ax in fig.axes if ax.get_visible()] == ["NVFP4", "MX (ours)"]
+    fig = plots.gradient_flow_heatmap(
+        results.metrics, "rel_err", runs=results.runs, cell="recipe=mxfp4", labels=labels
+    )
+    assert fig.get_suptitle() == "relative error by layer and step — MX (ours)"
+    table = analysis.tokens_to_target(results.runs, baseline="recipe=bf16")
+    fig = plots.ladder(table, "tokens", labels=labels)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [
+        "baseline",
+        "NVFP4",
+        "MX (ours)",
+    ]
+    assert fig.axes[0].get_xlabel() == "tokens"
+    figures = dict(plots.iter_figures(results, labels))
+    texts = _texts(figures["loss_gap"])
+    assert "baseline" in texts and "MX (ours) (1 non-finite)" in texts and "recipe=" not in texts
+    assert figures["loss_gap"].axes[0].get_xlabel() == "loss gap to the floor (nats)"
 
 
 def test_format_staircase_takes_a_precomputed_frame():
