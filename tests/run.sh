@@ -22,7 +22,10 @@ if [ -z "$py312" ]; then
   exit 0
 fi
 if [ ! -x .venv312/bin/python ]; then
-  $py312 -m venv .venv312 && .venv312/bin/pip install -q -e . pytest || {
+  # only what the native tests import (jax >= 0.11, and the test conftest's pandas/pyarrow)
+  $py312 -m venv .venv312 && .venv312/bin/pip install -q --no-deps -e . \
+    && .venv312/bin/pip install -q "jax>=0.11" "ml_dtypes>=0.5" "numpy>=1.26" "pandas>=2.1" \
+      "pyarrow>=14" pytest || {
     echo "SKIPPED native-path parity tests: could not install jax >= 0.11 for Python 3.12"
     rm -rf .venv312; exit 0; }
 fi
