@@ -3,7 +3,7 @@
 fp4lab run EXPERIMENT [--out DIR] [--seeds N] [--steps N] [--set FIELD=VALUE ...] [--dry-run]
                       [--workers N] [--force] [--rerun-stale]
                       [--executor local|ray] [--address ADDR] [--ray-cpus N] [--ray-gpus N]
-                      [--max-retries N]
+                      [--max-retries N] [--xla-log]
 fp4lab ls RESULTS          runs per cell (done, failed, missing) and the stale runs
 fp4lab show RESULTS        the summary table: loss gap with a seed interval, divergences,
                            tokens to target; a warning when the runs come from different code
@@ -22,6 +22,7 @@ plot, report or export that is not a results folder (no experiment.json, no runs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -73,6 +74,7 @@ def compile_cache_folder() -> Path:
 
 def _run(args) -> int:
     from fp4lab import sweep
+    from fp4lab.stderr_filter import filter_stderr
     from fp4lab.sweep import runner, store
     from fp4lab.sweep.compute import use_compile_cache
 
@@ -109,20 +111,22 @@ def _run(args) -> int:
             "num_gpus": args.ray_gpus,
             "max_retries": args.max_retries,
         }
-    counts = sweep.run_experiment(
-        exp,
-        out,
-        executor=args.executor,
-        workers=args.workers,
-        progress=not args.quiet,
-        force=args.force,
-        rerun_stale=args.rerun_stale,
-        progress_every=(None if args.stream else 0)
-        if args.progress_every is None
-        else args.progress_every,
-        stream=args.stream,
-        **options,
-    )
+    # XLA's slow-compile banners (on fd 2, from this process and the workers) as one line each
+    with contextlib.nullcontext() if args.xla_log else filter_stderr():
+        counts = sweep.run_experiment(
+            exp,
+            out,
+            executor=args.executor,
+            workers=args.workers,
+            progress=not args.quiet,
+            force=args.force,
+            rerun_stale=args.rerun_stale,
+            progress_every=(None if args.stream else 0)
+            if args.progress_every is None
+            else args.progress_every,
+            stream=args.stream,
+            **options,
+        )
     print(
         f"{exp.name}: {counts['done']} runs done, {counts['skipped']} already finished, "
         f"{counts['failed']} failed -> {out}"
@@ -488,6 +492,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="append each reported step of each run to OUT/stream.jsonl while it runs",
     )
     run.add_argument("--no-figures", action="store_true", help="do not write the figures")
+    run.add_argument(
+        "--xla-log",
+        action="store_true",
+        help="show XLA's own log lines unfiltered (by default each of its slow-compile "
+        "banners is one line while the sweep runs, e.g. 'XLA: compiling jit_train took 2m4.8s')",
+    )
     run.set_defaults(func=_run)
 
     for name, fn, text in (
