@@ -1,7 +1,7 @@
 """Randomness or error? One FP4 recipe pushed to a high learning rate, seeds varied stream by
 stream, against recipe changes that lower the quantization error.
 
-    fp4lab run experiments/randomness_vs_error.py --workers 1   (measured: 6 min on 2 CPU cores)
+    fp4lab run experiments/randomness_vs_error.py --workers 2   (about 20 min on 2 CPU cores)
     fp4lab run experiments/randomness_vs_error_fresh.py         (the same with seeds 100-104)
 
 Question (the claim of Cim et al. 2026, arXiv 2605.09825): is FP4 training's extra loss driven
@@ -10,10 +10,13 @@ or by structured quantization error on sensitive GEMMs? Design: NVIDIA's NVFP4 r
 2509.25149: SR on gradients, random-sign Hadamard on Wgrad) on a teacher-student MLP with 4
 outlier input channels at lr 3e-2, 10x the stable setting (a 4-seed probe ended near 0.19 against
 FP8's 0.077 at 3e-3; nothing diverges in this MLP, so "destabilised" means a worse plateau).
-The two cells with randomness run the full 5 x 5 x 5 product of the init, data and quant seeds;
-BF16 and nvfp4-rl, which draw nothing from the quant stream, run 5 x 5 init x data seeds with
-one quant seed. Seeds are random effects: 5 levels per stream give each stream's variance an
-interval worth reading (3 levels did not). Cells: the recipe; the recipe with the Wgrad GEMM in
+The two cells with randomness run the full 8 x 8 x 8 product of the init, data and quant seeds;
+BF16 and nvfp4-rl, which draw nothing from the quant stream, run 8 x 8 init x data seeds with
+one quant seed. Seeds are random effects: 5 levels per stream gave each stream's variance an
+interval worth reading (3 levels did not), but left the Wgrad-in-BF16 contrast (about half a
+seed SD) at the edge of what the intervals resolve: its verdict word differed between seeds
+0-4 and 100-104. 8 levels (chosen after seeing that, and said so in results/README.md) narrow
+every interval by about a third. Cells: the recipe; the recipe with the Wgrad GEMM in
 BF16; the "4-bitter lesson" NVFP4 recipe (nvfp4-rl: round to nearest, four-over-six, per-row
 activation scales, backward on dequantized operands: less error and no randomness at all); BF16
 as the reference. Telemetry every 50 steps (the gradient-flow heatmap notebook reads it).
@@ -29,7 +32,7 @@ What it gave: see results/README.md (randomness vs error).
 from fp4lab import analysis
 from fp4lab.train.config import Config
 
-LEVELS = 5  # seeds per stream: 5 levels give a stream's variance an interval worth reading
+LEVELS = 8  # seeds per stream (5 left the smallest contrast at the edge; see the docstring)
 
 
 def seeds(first: int, quant: int) -> dict:
