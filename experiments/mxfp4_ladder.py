@@ -19,11 +19,11 @@ Expect (if the paper's ordering carries over to this scale): overheads growing F
 +Wgrad, SR and random-sign H16 worst, deterministic H16/H32 back near the Fprop-only overhead.
 A 2-layer MLP is not an 8B LM: magnitudes are not comparable, only orderings are.
 
-What it gave (results/README.md): overheads of +78 % to +119 %, with Fprop alone the largest
-step (+94 %, +119 % with outliers) and Dgrad/Wgrad adding nothing; SR never reached the target;
-random-sign H16 worse than deterministic H16/H32; the deterministic Hadamard helped only with
-the outlier inputs (+100 % -> +77-81 %). The paper's ordering Fprop < +Dgrad < +Wgrad did not
-reproduce at this scale.
+What it gave (results/README.md, numerics version 2): overheads of +72 % to +129 %, with Fprop
+alone the largest step (+93 %, +129 % with outliers) and Dgrad/Wgrad lowering it rather than
+adding to it; SR never reached the target; random-sign H16 worse than deterministic H16/H32;
+the deterministic Hadamard helped only with the outlier inputs (+100 % -> +72-78 %). The
+paper's ordering Fprop < +Dgrad < +Wgrad did not reproduce at this scale.
 """
 
 from fp4lab import analysis

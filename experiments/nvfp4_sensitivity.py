@@ -17,15 +17,15 @@ and divergence rate. Expect, if the claims carry over: last-3-in-BF16 closer to 
 than first-3; no-SR and SR on activations or weights worse than nvfp4; no Hadamard, or a
 Hadamard on Fprop or Dgrad, worse than nvfp4.
 
-Measured (3m59s on 2 CPU cores; `paired.csv`: held-out loss gap minus nvfp4's, paired on the
-seeds, mean and 95 % bootstrap interval over 8 pairs): nvfp4's gap is 0.166, BF16's 0.144.
-Nothing diverges. Fig. 9: first 3 in BF16 -0.0103 [-0.0117, -0.0090], last 3 in BF16 -0.0072
-[-0.0087, -0.0058]; the first layers matter more here, against the paper. Fig. 10: no SR
--0.0016 [-0.0036, +0.0003] (SR on the gradients does not help here), SR also on activations
-+0.0151 [+0.0129, +0.0170], also on weights +0.0327 [+0.0264, +0.0390] (both hurt, as in the
-paper). Fig. 11: no Hadamard -0.0008 [-0.0022, +0.0005] (the Wgrad Hadamard does not help
-here), also on Fprop +0.0018 [+0.0007, +0.0030], also on Dgrad +0.0036 [+0.0018, +0.0053]
-(both hurt a little, as in the paper).
+Measured (`paired.csv`: held-out loss gap minus nvfp4's, paired on the seeds, mean and
+t-interval over 8 pairs; numerics version 2). Nothing diverges. Fig. 9: first 3 in BF16 -0.0074
+[-0.0089, -0.0059], last 3 in BF16 -0.0062 [-0.0080, -0.0045]; both help about equally here.
+Fig. 10: no SR -0.0001 [-0.0017, +0.0016] (SR on the gradients does not help here), SR also on
+activations +0.0168 [+0.0150, +0.0187], also on weights +0.0326 [+0.0293, +0.0360] (both hurt,
+as in the paper). Fig. 11: no Hadamard -0.0002 [-0.0022, +0.0017] (the Wgrad Hadamard does not
+help here), also on Fprop +0.0031 [+0.0012, +0.0051], also on Dgrad +0.0070 [+0.0054, +0.0086]
+(both hurt, as in the paper; with Bonferroni over the 9 comparisons only Dgrad's excludes 0).
+See results/README.md.
 """
 
 from fp4lab import analysis

@@ -3,7 +3,8 @@
     fp4lab run experiments/randomness_vs_error_fresh.py --out results/randomness_vs_error_fresh
 
 A finding that holds only for seeds 0-7 is a finding about those seeds: this rerun checks that
-the verdict words of experiments/randomness_vs_error.py (seeds 0-7) survive other draws of every stream.
+the verdict words of experiments/randomness_vs_error.py (seeds 0-7) survive other draws of
+every stream.
 """
 
 import importlib.util

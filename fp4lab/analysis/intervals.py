@@ -128,7 +128,8 @@ def bootstrap_ci(
     +-inf (a run that never reached a target) defeat BCa's jackknife; the interval is then the
     plain percentile interval (`percentile_interval`), read as optimistic. Assumes the values
     are independent (one per seed triple (i, i, i)); crossed seed streams are not, see
-    `fp4lab.analysis.crossed`.
+    `fp4lab.analysis.crossed`. Where BCa is undefined (a degenerate jackknife, e.g. the median
+    of tied values) the interval is the percentile one too.
 
     Args:
       values: 1-D data; +-inf allowed, NaN is the caller's to remove.
@@ -161,9 +162,12 @@ def bootstrap_ci(
             vectorized=True,
             random_state=rng,
         )
-    return Interval(
-        estimate, float(res.confidence_interval.low), float(res.confidence_interval.high)
-    )
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if np.isfinite(lo) and np.isfinite(hi):
+        return Interval(estimate, lo, hi)
+    # BCa's jackknife is degenerate (e.g. a median of tied values): the percentile interval
+    idx = rng.integers(0, x.size, size=(n_boot, x.size))
+    return Interval(estimate, *percentile_interval(stat(x[idx], axis=-1), level))
 
 
 def ratio_ci(

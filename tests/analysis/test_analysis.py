@@ -328,3 +328,9 @@ def test_layer_order_is_natural():
         "blocks.2.mlp",
         "blocks.10.mlp",
     ]
+
+
+def test_bootstrap_of_a_median_of_tied_values_still_has_an_interval():
+    # BCa's jackknife of a median over ties is degenerate (NaN); the percentile interval stands in
+    iv = analysis.bootstrap_ci([76288, 76288, 76288, 68096], np.median)
+    assert iv == (76288.0, 68096.0, 76288.0)
