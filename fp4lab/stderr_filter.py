@@ -1,7 +1,7 @@
 """XLA's slow-operation banners on stderr as one plain line each (`fp4lab run`).
 
 XLA's C++ code writes its slow-compile alarms straight to file descriptor 2, and has no flag to
-turn them off (openxla/xla issue 9828):
+turn them off:
 
     E1130 22:05:20.707171    8946 slow_operation_alarm.cc:140] The operation took 2m4.822801578s
 
