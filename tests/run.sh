@@ -24,7 +24,7 @@ fi
 if [ ! -x .venv312/bin/python ]; then
   # only what the native tests import (jax >= 0.11, and the test conftest's pandas/pyarrow)
   $py312 -m venv .venv312 && .venv312/bin/pip install -q --no-deps -e . \
-    && .venv312/bin/pip install -q "jax>=0.11" "ml_dtypes>=0.5" "numpy>=1.26" "pandas>=2.1" \
+    && .venv312/bin/pip install -q --no-warn-conflicts "jax>=0.11" "ml_dtypes>=0.5" "numpy>=1.26" "pandas>=2.1" \
       "pyarrow>=14" pytest || {
     echo "SKIPPED native-path parity tests: could not install jax >= 0.11 for Python 3.12"
     rm -rf .venv312; exit 0; }
