@@ -60,12 +60,16 @@ def test_outputs_equal_a_manual_fake_quant_computation():
     model, ref = _model(), _model()
     x = _x()
     quantize_model(model, [Rule(r"(up|down)", recipe)])
-    # manual: the MLP with fake_quant, attention and head untouched
-    h = ref.norm2(x + ref.attn(ref.norm1(x)))
-    hx = x + ref.attn(ref.norm1(x))
-    mlp = _fq_linear(jax.nn.gelu(_fq_linear(h, ref.up, recipe)), ref.down, recipe)
-    want = ref.head(hx + mlp)
-    np.testing.assert_allclose(model(x), want, rtol=1e-6, atol=1e-6)
+
+    @nnx.jit  # the manual computation as one program, not op by op
+    def manual(ref, x):  # the MLP with fake_quant, attention and head untouched
+        h = ref.norm2(x + ref.attn(ref.norm1(x)))
+        hx = x + ref.attn(ref.norm1(x))
+        mlp = _fq_linear(jax.nn.gelu(_fq_linear(h, ref.up, recipe)), ref.down, recipe)
+        return ref.head(hx + mlp)
+
+    got = nnx.jit(lambda m, x: m(x))(model, x)
+    np.testing.assert_allclose(got, manual(ref, x), rtol=1e-6, atol=1e-6)
 
 
 def test_attention_projections_and_opt_in_score_matmuls():
