@@ -291,18 +291,23 @@ def _plot(args) -> int:
     return 0
 
 
+def _no_runs(command: str, folder: str) -> int:
+    """The error of a command that needs finished runs in a results folder that has none."""
+    print(
+        f"fp4lab {command}: error: {folder} holds no runs of its experiment yet; nothing "
+        f"to {command} (fp4lab ls {folder})",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def _report(args) -> int:
     from fp4lab.analysis import report
     from fp4lab.sweep import store
 
     results = store.load(_results_folder(args.results))
     if results.runs.empty:
-        print(
-            f"fp4lab report: error: {args.results} holds no runs of its experiment yet; nothing "
-            f"to report (fp4lab ls {args.results})",
-            file=sys.stderr,
-        )
-        return 1
+        return _no_runs("report", args.results)
     print(report.write_report(results, args.out or args.results))
     return 0
 
@@ -313,12 +318,7 @@ def _export(args) -> int:
 
     results = store.load(_results_folder(args.results))
     if results.runs.empty:
-        print(
-            f"fp4lab export: error: {args.results} holds no runs of its experiment yet; nothing "
-            f"to export (fp4lab ls {args.results})",
-            file=sys.stderr,
-        )
-        return 1
+        return _no_runs("export", args.results)
     out = Path(args.out) if args.out else Path(args.results) / "tensorboard"
     try:
         folders = export.tensorboard(results, out)

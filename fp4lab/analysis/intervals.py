@@ -151,11 +151,23 @@ def bootstrap_ci(
     if not np.all(np.isfinite(x)):
         idx = rng.integers(0, x.size, size=(n_boot, x.size))
         return Interval(estimate, *percentile_interval(stat(x[idx], axis=-1), level))
+    ends = _bca((x,), stat, n_boot, level, rng)
+    if ends is not None:
+        return Interval(estimate, *ends)
+    # BCa's jackknife is degenerate (e.g. a median of tied values): the percentile interval
+    idx = rng.integers(0, x.size, size=(n_boot, x.size))
+    return Interval(estimate, *percentile_interval(stat(x[idx], axis=-1), level))
+
+
+def _bca(samples: tuple, statistic: Stat, n_boot: int, level: float, rng) -> tuple | None:
+    """The ends of the BCa interval of `statistic` over `samples` (each resampled on its own,
+    `scipy.stats.bootstrap`), or None where BCa is undefined: a degenerate jackknife (tied
+    values, a constant sample) gives NaN ends."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a degenerate jackknife warns and gives NaN
         res = scipy_stats.bootstrap(
-            (x,),
-            stat,
+            samples,
+            statistic,
             n_resamples=n_boot,
             confidence_level=level,
             method="BCa",
@@ -163,11 +175,7 @@ def bootstrap_ci(
             random_state=rng,
         )
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    if np.isfinite(lo) and np.isfinite(hi):
-        return Interval(estimate, lo, hi)
-    # BCa's jackknife is degenerate (e.g. a median of tied values): the percentile interval
-    idx = rng.integers(0, x.size, size=(n_boot, x.size))
-    return Interval(estimate, *percentile_interval(stat(x[idx], axis=-1), level))
+    return (lo, hi) if np.isfinite(lo) and np.isfinite(hi) else None
 
 
 def ratio_ci(
@@ -202,20 +210,9 @@ def ratio_ci(
             return Interval(estimate, NAN, NAN)
         rng = np.random.default_rng(seed)
         if np.all(np.isfinite(a)) and np.all(np.isfinite(b)):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a degenerate jackknife warns and gives NaN
-                res = scipy_stats.bootstrap(
-                    (a, b),
-                    ratio,
-                    n_resamples=n_boot,
-                    confidence_level=level,
-                    method="BCa",
-                    vectorized=True,
-                    random_state=rng,
-                )
-            lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-            if np.isfinite(lo) and np.isfinite(hi):
-                return Interval(estimate, lo, hi)
+            ends = _bca((a, b), ratio, n_boot, level, rng)
+            if ends is not None:
+                return Interval(estimate, *ends)
         ia = rng.integers(0, a.size, size=(n_boot, a.size))
         ib = rng.integers(0, b.size, size=(n_boot, b.size))
         boots = ratio(a[ia], b[ib])
