@@ -4,12 +4,24 @@ Compiled programs are shared through jax's persistent cache in `.jax_cache/` ins
 checkout (ignored by git; FP4LAB_TEST_COMPILE_CACHE=off turns it off, or names another folder),
 so the test workers and later runs of the tests skip compiles already made. `fp4lab run`
 inside the tests keeps its own cache there too (XDG_CACHE_HOME).
+
+The tests' programs are compiled without LLVM optimization (XLA_FLAGS
+--xla_backend_optimization_level=0, inherited by the subprocesses the tests start): most of
+a test's time is XLA compiling small programs it runs a few steps of, and this halves it.
+Nothing the tests check depends on it: the numerics are IEEE operations that LLVM may not
+reorder (XLA's CPU backend does not enable fast-math), and every bit-for-bit comparison is
+between programs compiled the same way. FP4LAB_TEST_XLA_OPT=1 keeps XLA's default.
 """
 
 import os
 import pathlib
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ.get("FP4LAB_TEST_XLA_OPT") != "1" and "backend_optimization_level" not in (
+    os.environ.get("XLA_FLAGS", "")
+):
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

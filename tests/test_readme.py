@@ -69,10 +69,10 @@ def snippet_env() -> dict[str, str]:
 
     Outside jit, jax compiles every operation on first use (a few hundred small programs for
     one quantizer call), so the blocks spend their time in XLA's compiler: it runs without
-    LLVM optimization here, and the compiled programs go to the tests' compilation cache.
+    LLVM optimization here (XLA_FLAGS as conftest.py sets it for every test), and the compiled
+    programs go to the tests' compilation cache.
     """
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg"}
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
     cache = jax.config.jax_compilation_cache_dir  # set by conftest.py unless turned off
     if cache:
         env["JAX_COMPILATION_CACHE_DIR"] = str(cache)

@@ -56,8 +56,14 @@ __all__ = [
 ]
 
 # XLA:CPU compiler options under which a reduction's summation order does not depend on whether
-# a seed axis was vmapped in: elemental emitters instead of the fusion emitters, no YNNPACK fusions.
-EXACT_CPU = {"xla_cpu_use_fusion_emitters": False, "xla_cpu_experimental_ynn_fusion_type": ""}
+# a seed axis was vmapped in: elemental emitters instead of the fusion emitters, no YNNPACK
+# fusions, and LLVM's default optimization level (3) pinned against an XLA_FLAGS that lowers it
+# (at level 0 a run alone and the same run in a batch were seen to differ in the last bit).
+EXACT_CPU = {
+    "xla_cpu_use_fusion_emitters": False,
+    "xla_cpu_experimental_ynn_fusion_type": "",
+    "xla_backend_optimization_level": 3,
+}
 
 _SPECS = schema.OPERAND_NAMES
 
