@@ -153,10 +153,20 @@ def pow2(e: jax.Array) -> jax.Array:
     return jnp.where(e >= -126, normal, sub)
 
 
-def _quantum(a: jax.Array, fmt: ElementFormat) -> jax.Array:
-    """Spacing of the minifloat grid at magnitude a (a >= 0, already saturated)."""
-    e = jnp.maximum(exponent(jnp.where(a > 0, a, 1.0)), fmt.emin)
-    return pow2(e - fmt.mbits)
+def _quantum(a: jax.Array, fmt: ElementFormat) -> tuple[jax.Array, jax.Array]:
+    """(q, 1/q): the spacing of the minifloat grid at magnitude a (a >= 0, already saturated)
+    and its reciprocal, both powers of two built from float32 exponent bits.
+
+    q = 2**(max(floor(log2 a), emin) - mbits). The exponent field alone gives floor(log2 a)
+    for normal a; zero and float32 subnormals (field 0) lie below every format's smallest
+    normal binade, where the max with emin decides, so no leading-zero count is needed. Both
+    q and 1/q are normal float32 for every format here, so a * (1/q) is exactly a / q.
+    """
+    field = (jax.lax.bitcast_convert_type(a, jnp.int32) >> 23) & 0xFF
+    k = jnp.maximum(field, fmt.emin + 127) - fmt.mbits  # biased exponent of q
+    q = jax.lax.bitcast_convert_type(k << 23, jnp.float32)
+    inv = jax.lax.bitcast_convert_type((254 - k) << 23, jnp.float32)
+    return q, inv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,8 +196,8 @@ def cast_round(x: jax.Array, fmt: str | ElementFormat) -> jax.Array:
         u = (u + jnp.uint32(0x7FFF) + ((u >> 16) & 1)) & jnp.uint32(0xFFFF0000)
         return jnp.where(jnp.isnan(x), x, jax.lax.bitcast_convert_type(u, jnp.float32))
     a = jnp.abs(x)
-    q = _quantum(jnp.minimum(a, jnp.float32(fmt.max)), fmt)  # inf takes the top binade's
-    r = jnp.round(a / q) * q
+    q, inv = _quantum(jnp.minimum(a, jnp.float32(fmt.max)), fmt)  # inf: the top binade's
+    r = jnp.round(a * inv) * q
     r = jnp.where(r > fmt.max, jnp.inf, r)
     return jnp.where(jnp.isnan(x), x, jnp.copysign(r, x))
 
@@ -227,8 +237,11 @@ def round_to_format(
         return round_pow2(x, "nearest")
     x = x.astype(jnp.float32)
     a = jnp.minimum(jnp.abs(x), fmt.max)
-    q = jnp.ones_like(a) if fmt.kind == "int" else _quantum(a, fmt)
-    y = a / q  # exact: q is a power of two within range
+    if fmt.kind == "int":
+        q, y = jnp.ones_like(a), a
+    else:
+        q, inv = _quantum(a, fmt)
+        y = a * inv  # = a / q, exactly: powers of two within range
     if rounding == "rne":
         r = jnp.round(y)  # jnp.round rounds half to even
     else:
