@@ -214,6 +214,7 @@ def round_to_format(
     *,
     rounding: str = "rne",
     key: jax.Array | None = None,
+    index: jax.Array | None = None,
 ) -> jax.Array:
     """Rounds x onto the grid of `fmt`, saturating at +-max; returns float32 grid values.
 
@@ -222,6 +223,10 @@ def round_to_format(
     `key` (required). The result is always one of the two grid neighbours of x, and its mean
     over keys is x for |x| <= max (to 2**-24 relative for inputs finer than the format's
     subnormal quantum). NaN stays NaN. E8M0 rounds exponents: see `round_pow2`.
+
+    index: for stochastic rounding, the position of each element of x in the random stream
+    (uint32, x's shape); default: x's own row-major order. The quantizer passes it when it
+    rounds a tensor in another layout than the one its random bits are defined in.
     """
     fmt = get_format(fmt)
     if rounding not in ("rne", "stochastic"):
@@ -246,7 +251,7 @@ def round_to_format(
         r = jnp.round(y)  # jnp.round rounds half to even
     else:
         lo = jnp.floor(y)
-        bits = _random_bits(key, y.shape)
+        bits = _random_bits(key, y.shape, index)
         u = (bits >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)  # uniform on [0, 1)
         r = lo + (u < (y - lo)).astype(jnp.float32)
     out = jnp.minimum(r * q, fmt.max)
@@ -256,8 +261,9 @@ def round_to_format(
 _THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
-def _random_bits(key: jax.Array, shape: tuple) -> jax.Array:
-    """`jax.random.bits(key, shape, jnp.uint32)`, bit for bit, with Threefry-2x32 unrolled.
+def _random_bits(key: jax.Array, shape: tuple, index: jax.Array | None = None) -> jax.Array:
+    """`jax.random.bits(key, shape, jnp.uint32)`, bit for bit, with Threefry-2x32 unrolled;
+    with `index` (uint32, `shape`), the bits of those flat positions of the same stream.
 
     jax's default random bits (threefry2x32, "partitionable") are, per element i of the
     flattened shape, b1 ^ b2 with (b1, b2) = threefry2x32(key, (0, i)) (Salmon et al. 2011,
@@ -268,15 +274,16 @@ def _random_bits(key: jax.Array, shape: tuple) -> jax.Array:
     n = math.prod(shape)
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     impl = str(jax.random.key_impl(key)) if typed else jax.config.jax_default_prng_impl
-    if not (jax.config.jax_threefry_partitionable and impl == "threefry2x32" and n < 2**32):
-        return jax.random.bits(key, shape, jnp.uint32)
+    fast = jax.config.jax_threefry_partitionable and impl == "threefry2x32" and n < 2**32
     kd = jax.random.key_data(key) if typed else key
-    if kd.shape != (2,):
-        return jax.random.bits(key, shape, jnp.uint32)
+    if not fast or kd.shape != (2,):
+        bits = jax.random.bits(key, shape, jnp.uint32)
+        return bits if index is None else bits.reshape(-1)[index]
     k0, k1 = kd[0], kd[1]
     ks = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
     x0 = jnp.zeros(shape, jnp.uint32) + ks[0]  # counter high word: 0
-    x1 = jax.lax.iota(jnp.uint32, n).reshape(shape) + ks[1]  # counter low word: i
+    i = jax.lax.iota(jnp.uint32, n).reshape(shape) if index is None else index
+    x1 = i + ks[1]  # counter low word: i
     for group in range(5):
         for r in _THREEFRY_ROTATIONS[group % 2]:
             x0 = x0 + x1

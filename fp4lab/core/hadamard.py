@@ -101,13 +101,6 @@ class Hadamard:
         return h if s is None else s[:, None] * h
 
 
-def _check(x: jax.Array, t: Hadamard) -> None:
-    if x.shape[-1] % t.size:
-        raise ValueError(
-            f"Hadamard of size {t.size} does not divide the last axis of shape {x.shape}"
-        )
-
-
 def _signs(t: Hadamard, key: jax.Array | None) -> jax.Array | None:
     if t.signs == "none":
         return None
@@ -130,35 +123,57 @@ def _sylvester_apply(xb: jax.Array) -> jax.Array:
     product computed just before (q * s * outer when dequantizing) with the first addition
     into a fused multiply-add, which can change the last bit.
     """
-    *lead, n = xb.shape
+    return _butterflies(xb, xb.ndim - 1)
+
+
+def _butterflies(xb: jax.Array, axis: int) -> jax.Array:
+    """`_sylvester_apply` along `axis` of xb (the block axis, of length n), with the same
+    additions in the same order: the bits do not depend on where the axis lies."""
+    n = xb.shape[axis]
+    lead, trail = xb.shape[:axis], xb.shape[axis + 1 :]
     k = (n.bit_length() - 1) // 2
     xb = xb * jnp.float32(2.0**-k)
     h = 1
     while h < n:
-        y = xb.reshape(*lead, n // (2 * h), 2, h)
-        a, b = y[..., 0, :], y[..., 1, :]
-        xb = jnp.stack([a + b, a - b], axis=-2).reshape(*lead, n)
+        y = xb.reshape(*lead, n // (2 * h), 2, h, *trail)
+        a = jax.lax.index_in_dim(y, 0, axis + 1, keepdims=False)
+        b = jax.lax.index_in_dim(y, 1, axis + 1, keepdims=False)
+        xb = jnp.stack([a + b, a - b], axis=axis + 1).reshape(*lead, n, *trail)
         h *= 2
     rest = 2.0**k / np.sqrt(n)
     return xb if rest == 1.0 else xb * jnp.float32(rest)
 
 
-def rotate(x: jax.Array, t: Hadamard, key: jax.Array | None = None) -> jax.Array:
-    """x R applied to consecutive blocks of t.size along the last axis (float32)."""
-    _check(x, t)
-    s = _signs(t, key)
-    xb = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, t.size)
-    if s is not None:
-        xb = xb * jnp.broadcast_to(s, xb.shape)  # x diag(s) H / sqrt(n) = x R
-    return _sylvester_apply(xb).reshape(x.shape)
+def _blocks_along(x: jax.Array, t: Hadamard, axis: int):
+    """(x as float32 with `axis` split into (blocks, t.size), the block axis, the signs' shape)."""
+    axis = axis % x.ndim
+    if x.shape[axis] % t.size:
+        raise ValueError(
+            f"Hadamard of size {t.size} does not divide axis {axis} of shape {x.shape}"
+        )
+    shape = (*x.shape[:axis], x.shape[axis] // t.size, t.size, *x.shape[axis + 1 :])
+    signs_shape = (t.size,) + (1,) * (x.ndim - 1 - axis)
+    return x.astype(jnp.float32).reshape(shape), axis + 1, signs_shape
 
 
-def unrotate(x: jax.Array, t: Hadamard, key: jax.Array | None = None) -> jax.Array:
-    """x R^T blockwise along the last axis: the inverse of `rotate` (R is orthogonal)."""
-    _check(x, t)
+def rotate(x: jax.Array, t: Hadamard, key: jax.Array | None = None, *, axis: int = -1):
+    """x R applied to consecutive blocks of t.size along `axis` (float32).
+
+    The result does not depend on where the axis lies: rotating along axis 0 equals moving
+    axis 0 last, rotating and moving it back, bit for bit (the quantizer relies on it to skip
+    the transposes)."""
+    xb, ax, signs_shape = _blocks_along(x, t, axis)
     s = _signs(t, key)
-    xb = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, t.size)
-    out = _sylvester_apply(xb)
     if s is not None:
-        out = out * jnp.broadcast_to(s, out.shape)  # x H diag(s) / sqrt(n) = x R^T
+        xb = xb * jnp.broadcast_to(s.reshape(signs_shape), xb.shape)  # x diag(s) H / sqrt(n)
+    return _butterflies(xb, ax).reshape(x.shape)
+
+
+def unrotate(x: jax.Array, t: Hadamard, key: jax.Array | None = None, *, axis: int = -1):
+    """x R^T blockwise along `axis`: the inverse of `rotate` (R is orthogonal)."""
+    xb, ax, signs_shape = _blocks_along(x, t, axis)
+    out = _butterflies(xb, ax)
+    s = _signs(t, key)
+    if s is not None:
+        out = out * jnp.broadcast_to(s.reshape(signs_shape), out.shape)  # x H diag(s) / sqrt(n)
     return out.reshape(x.shape)

@@ -199,6 +199,49 @@ def quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
     unit scales. `quantize` encodes the grid values; `quantize_dequantize` and the telemetry
     use them directly.
     """
+    return _quantize_blocks(x, spec, key, transform_key, amax, in_place=False)[:4]
+
+
+def _in_place(shape: tuple, spec: QuantSpec):
+    """(P, L, Q, ty, tx) when x can be blocked where it lies, else None.
+
+    Blocking along an axis that is not last needs no transposes: x viewed as (P, L, Q) (the
+    axes before, the quantized axis, the axes after) blocks as (P, L/tx, tx, Q/ty, ty), whose
+    blocks, block amaxes and elements are those of the moved layout's (P, Q/ty, ty, L/tx, tx),
+    transposed. Everything the quantizer computes from them is elementwise or a max, so the
+    values are the same bit for bit, given the random bits of each element's position in the
+    moved layout (`_stream_index`). Taken only where no padding is needed, the scope is not
+    "row" and four-over-six (whose sums run in the moved layout's order) is off.
+    """
+    ndim = len(shape)
+    axis = spec.axis if spec.axis >= 0 else ndim + spec.axis
+    if ndim < 2 or not 0 <= axis < ndim - 1:
+        return None
+    if spec.outer == "row" or spec.four_over_six is not None:
+        return None
+    p, n, q = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
+    ty, tx = spec.tile or (1, n)
+    need = tx if spec.transform is None else math.lcm(tx, spec.transform.size)
+    if n % need or shape[-1] % ty:
+        return None
+    return p, n, q, ty, tx
+
+
+def _stream_index(shape: tuple, n: int, q: int) -> jax.Array:
+    """Each element's flat position in the moved layout (P, Q, L), for the in-place blocked
+    view of `shape` (P, L/tx, tx, Q/ty, ty): the positions its random bits are drawn at."""
+    _, _, tx, _, ty = shape
+
+    def iota(d):
+        return jax.lax.broadcasted_iota(jnp.uint32, shape, d)
+
+    rows = iota(0) * jnp.uint32(q) + iota(3) * jnp.uint32(ty) + iota(4)
+    return rows * jnp.uint32(n) + iota(1) * jnp.uint32(tx) + iota(2)
+
+
+def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax, *, in_place: bool):
+    """`quantize_blocks`, and the in-place view's sizes (`_in_place`) when `in_place` allows it
+    (then xb is the in-place blocked view; `_restore_in_place` undoes it), else None."""
     if not isinstance(spec, QuantSpec):
         raise ValueError(f"quantize needs a QuantSpec, got {type(spec).__name__}")
     x = jnp.asarray(x)
@@ -210,21 +253,43 @@ def quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
     k_round, k_t = _split(key, spec, transform_key)
     if transform_key is None:
         transform_key = k_t
-    xt = _prepare(x, spec)
-    if spec.transform is not None:
-        xt = hadamard.rotate(xt, spec.transform, transform_key)
+    view = _in_place(x.shape, spec) if in_place else None
+    index = None
+    if view is None:
+        xt = _prepare(x, spec)
+        if spec.transform is not None:
+            xt = hadamard.rotate(xt, spec.transform, transform_key)
+        xb = scaling.block_view(xt, _tile(spec, xt.shape))
+    else:
+        p, n, q, ty, tx = view
+        xi = x.astype(jnp.float32).reshape(p, n, q)
+        if spec.transform is not None:
+            xi = hadamard.rotate(xi, spec.transform, transform_key, axis=1)
+        xb = xi.reshape(p, n // tx, tx, q // ty, ty)
+        if spec.rounding == "stochastic":
+            index = _stream_index(xb.shape, n, q)
     fmt = formats.get_format(spec.elem)
-    xb = scaling.block_view(xt, _tile(spec, xt.shape))
     if fmt.kind == "cast":
-        one = jnp.ones((1,) * (xt.ndim + 2), jnp.float32)
+        one = jnp.ones((1,) * xb.ndim, jnp.float32)
         q = formats.cast_round(xb, fmt)
-        return xb, scaling.Scaled(q, one, jnp.float32(1.0)), None, transform_key
+        return xb, scaling.Scaled(q, one, jnp.float32(1.0)), None, transform_key, view
     amax_b = scaling.block_amax(xb) if spec.block_scale is not None else None
     if amax is None or spec.outer == "none":
         scope = scaling.scope_amax(xb, spec.outer, amax_b)
     else:
         scope = _scope_from(amax, xb, spec.outer)
-    return xb, _scale(xb, scope, spec, fmt, k_round, amax_b), scope, transform_key
+    scaled = _scale(xb, scope, spec, fmt, k_round, amax_b, index)
+    return xb, scaled, scope, transform_key, view
+
+
+def _restore_in_place(xb, spec, shape, dtype, transform_key, rotated, view):
+    """`restore` for the in-place blocked view: unrotated along the quantized axis (unless
+    `rotated`) and reshaped back; no transposes."""
+    p, n, q, _, _ = view
+    x = xb.reshape(p, n, q)
+    if spec.transform is not None and not rotated:
+        x = hadamard.unrotate(x, spec.transform, transform_key, axis=1)
+    return x.reshape(shape).astype(dtype)
 
 
 def _check_amax(amax) -> None:
@@ -276,42 +341,35 @@ def _scope_from(amax, xb, outer):
     return a.reshape(shape)
 
 
-def _scale(xb, scope, spec: QuantSpec, fmt, key, amax_b) -> scaling.Scaled:
+def _scale(xb, scope, spec: QuantSpec, fmt, key, amax_b, index=None) -> scaling.Scaled:
+    rnd = dict(rounding=spec.rounding, key=key, index=index)
     if spec.block_scale == "e4m3":
         if spec.convention == "te":
             return scaling.nvfp4_te(
-                xb,
-                scope,
-                elem=fmt,
-                rounding=spec.rounding,
-                key=key,
-                four_over_six=spec.four_over_six,
-                amax_b=amax_b,
+                xb, scope, elem=fmt, four_over_six=spec.four_over_six, amax_b=amax_b, **rnd
             )
-        return scaling.nvfp4_jax(xb, scope, elem=fmt, rounding=spec.rounding, key=key)
+        return scaling.nvfp4_jax(xb, scope, elem=fmt, **rnd)
     if spec.block_scale == "e8m0":
-        return scaling.mx(
-            xb,
-            elem=fmt,
-            scale_rounding=spec.scale_rounding,
-            rounding=spec.rounding,
-            key=key,
-            amax_b=amax_b,
-        )
+        return scaling.mx(xb, elem=fmt, scale_rounding=spec.scale_rounding, amax_b=amax_b, **rnd)
     if spec.block_scale == "fp32":
-        return scaling.fp32_blocks(xb, elem=fmt, rounding=spec.rounding, key=key, amax_b=amax_b)
-    return scaling.per_scope(xb, scope, elem=fmt, rounding=spec.rounding, key=key)
+        return scaling.fp32_blocks(xb, elem=fmt, amax_b=amax_b, **rnd)
+    return scaling.per_scope(xb, scope, elem=fmt, **rnd)
 
 
 def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rotated=False):
     """x_hat of `quantize` in one call (no straight-through gradient; see `fake_quant`).
 
     The same values as `quantize(...).dequantize(rotated=rotated)`, computed from the element
-    grid values without encoding them to codes and decoding them back.
+    grid values without encoding them to codes and decoding them back, and, along an axis
+    that is not last, without moving it (`_in_place`).
     """
     x = jnp.asarray(x)
-    xb, scaled, scope, transform_key = quantize_blocks(x, spec, key, transform_key, amax)
+    xb, scaled, scope, transform_key, view = _quantize_blocks(
+        x, spec, key, transform_key, amax, in_place=True
+    )
     xhat_b = dequantize_blocks(scaled, formats.get_format(spec.elem), scope)
+    if view is not None:
+        return _restore_in_place(xhat_b, spec, x.shape, x.dtype, transform_key, rotated, view)
     return restore(scaling.unblock(xhat_b), spec, x.shape, x.dtype, transform_key, rotated)
 
 

@@ -127,9 +127,10 @@ def _div(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.broadcast_to(a, shape) / b
 
 
-def _elements(v: jax.Array, fmt: formats.ElementFormat, rounding: str, key) -> jax.Array:
-    """Element grid values of v, clamped to +-max_elem (round_to_format saturates there)."""
-    return formats.round_to_format(v, fmt, rounding=rounding, key=key)
+def _elements(v: jax.Array, fmt: formats.ElementFormat, rounding: str, key, index=None):
+    """Element grid values of v, clamped to +-max_elem (round_to_format saturates there);
+    `index`: the elements' positions in the random stream (`formats.round_to_format`)."""
+    return formats.round_to_format(v, fmt, rounding=rounding, key=key, index=index)
 
 
 def _e4m3(v: jax.Array) -> jax.Array:
@@ -157,6 +158,7 @@ def nvfp4_te(
     key: jax.Array | None = None,
     four_over_six: str | None = None,
     amax_b: jax.Array | None = None,
+    index=None,
 ) -> Scaled:
     """Two-level E4M3 block scaling, TransformerEngine convention (see module docstring).
 
@@ -169,7 +171,7 @@ def nvfp4_te(
     s_enc, s_dec = _te_global(amax_scope, 448.0)
     s_b = _e4m3(jnp.minimum(amax_b * (s_enc * (jnp.float32(1.0) / six)), FLT_MAX))
     e_b = jnp.minimum(jnp.float32(1.0) / (s_b * s_dec), FLT_MAX)
-    q = _elements(xb * e_b, elem, rounding, key)
+    q = _elements(xb * e_b, elem, rounding, key, index)
     return Scaled(q, _nan_where_nonfinite(s_b, amax_b), _outer(s_dec, amax_scope))
 
 
@@ -230,6 +232,7 @@ def nvfp4_jax(
     elem: formats.ElementFormat,
     rounding: str = "rne",
     key: jax.Array | None = None,
+    index=None,
 ) -> Scaled:
     """Two-level E4M3 block scaling, jax.nn convention (see module docstring).
 
@@ -249,7 +252,7 @@ def nvfp4_jax(
     amax_b = block_amax(x)
     s_b = _e4m3(jnp.clip(amax_b / six, 0, E4M3_MAX))
     v = jnp.where(x == 0, x, x / s_b)
-    q = _elements(v, elem, rounding, key)
+    q = _elements(v, elem, rounding, key, index)
     return Scaled(q, _nan_where_nonfinite(s_b, amax_b), _outer(g, amax_scope))
 
 
@@ -261,6 +264,7 @@ def mx(
     rounding: str = "rne",
     key: jax.Array | None = None,
     amax_b: jax.Array | None = None,
+    index=None,
 ) -> Scaled:
     """OCP MX block scaling with an E8M0 shared exponent (see module docstring).
 
@@ -282,18 +286,24 @@ def mx(
     # x * 2**-e, not x / 2**e: the same exact result, but 2**-e is a normal float32 for
     # e in [-127, 125], while the divisor 2**-127 is a subnormal that flush-to-zero backends
     # (XLA on CPU) read as 0, turning a zero block into 0/0 = NaN.
-    q = _elements(xb * formats.pow2(-e), elem, rounding, key)
+    q = _elements(xb * formats.pow2(-e), elem, rounding, key, index)
     return Scaled(q, _nan_where_nonfinite(scale, amax_b), jnp.float32(1.0))
 
 
 def fp32_blocks(
-    xb: jax.Array, *, elem: formats.ElementFormat, rounding: str = "rne", key=None, amax_b=None
+    xb: jax.Array,
+    *,
+    elem: formats.ElementFormat,
+    rounding: str = "rne",
+    key=None,
+    amax_b=None,
+    index=None,
 ) -> Scaled:
     """Block scale in FP32: s_b = amax_b / max_elem (1 for a zero block); q = elem(x / s_b)."""
     amax_b = block_amax(xb) if amax_b is None else amax_b
     s_b = _div(amax_b, jnp.float32(elem.max))
     s_b = jnp.where(s_b == 0, jnp.float32(1.0), s_b)
-    q = _elements(_div(xb, s_b), elem, rounding, key)
+    q = _elements(_div(xb, s_b), elem, rounding, key, index)
     return Scaled(q, _nan_where_nonfinite(s_b, amax_b), jnp.float32(1.0))
 
 
@@ -304,6 +314,7 @@ def per_scope(
     elem: formats.ElementFormat,
     rounding: str = "rne",
     key=None,
+    index=None,
 ) -> Scaled:
     """No block scale: one FP32 scale per scope, as FP8 "current scaling" in TE.
 
@@ -313,9 +324,9 @@ def per_scope(
     """
     one = jnp.ones((1,) * xb.ndim, jnp.float32)
     if amax_scope is None:
-        return Scaled(_elements(xb, elem, rounding, key), one, jnp.float32(1.0))
+        return Scaled(_elements(xb, elem, rounding, key, index), one, jnp.float32(1.0))
     enc = jnp.minimum(jnp.float32(elem.max) / amax_scope, FLT_MAX)
     bad = (amax_scope == 0) | (enc == 0) | ~jnp.isfinite(enc)
     enc = jnp.where(bad, jnp.float32(1.0), enc)
-    q = _elements(xb * enc, elem, rounding, key)
+    q = _elements(xb * enc, elem, rounding, key, index)
     return Scaled(q, one, _outer(jnp.float32(1.0) / enc, amax_scope))

@@ -94,6 +94,20 @@ def test_rotate_is_blockwise_and_unrotate_inverts(n):
         np.testing.assert_allclose(unrot(y, t, key), x, rtol=1e-5, atol=1e-5)
 
 
+def test_rotation_along_an_inner_axis_is_the_moved_rotation_bit_for_bit():
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 64, 24)), jnp.float32)
+    for t, key in transforms(16):
+        moved = jnp.moveaxis(hadamard.rotate(jnp.moveaxis(x, 1, -1), t, key), -1, 1)
+        np.testing.assert_array_equal(hadamard.rotate(x, t, key, axis=1), moved)
+        back = jnp.moveaxis(hadamard.unrotate(jnp.moveaxis(x, 1, -1), t, key), -1, 1)
+        np.testing.assert_array_equal(hadamard.unrotate(x, t, key, axis=-2), back)
+        r = np.kron(np.eye(4), np.asarray(t.matrix(key), np.float64))  # block-diagonal R
+        expected = np.einsum("bmk,mn->bnk", np.asarray(x, np.float64), r)
+        np.testing.assert_allclose(hadamard.rotate(x, t, key, axis=1), expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"size 16 does not divide axis 2 of shape \(2, 64, 24\)"):
+        hadamard.rotate(x, hadamard.Hadamard(16), axis=2)
+
+
 def test_rotation_bits_are_the_same_eagerly_and_under_jit():
     # (the rotation used to be a dot, whose jitted transpose summed in another order)
     x = jnp.asarray(np.random.default_rng(4).standard_normal((8, 64)).astype(np.float32))
