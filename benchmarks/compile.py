@@ -14,7 +14,8 @@ seconds, the median compile seconds and the line count of the optimized HLO:
                       benchmarks/step.py --quick (2 blocks, 14 quantized linears, lm_head in
                       high precision), "+telemetry" with fp4lab.telemetry.value_and_grad;
                       "<n> blocks" at depth n, unrolled or with the blocks under nnx.scan
-                      (TransformerConfig.scan_layers: one block compiled, whatever the depth)
+                      (TransformerConfig.scan_layers: one block compiled, whatever the depth),
+                      fp32 beside nvfp4 at each depth; the first-call ratios and goals follow
 
 Compile time depends on the machine and its load; compare rows measured in one run, or runs on
 the same idle machine.
@@ -128,8 +129,10 @@ def cases(with_step: bool) -> dict:
         rows["step nvfp4"] = step_case("nvfp4", False)
         rows["step nvfp4 +telemetry"] = step_case("nvfp4", True)
         for layers in (2, 4, 8):  # compile time against depth, unrolled blocks vs nnx.scan
-            rows[f"step nvfp4, {layers} blocks"] = step_case("nvfp4", False, False, layers)
-            rows[f"step nvfp4, {layers} blocks, scan"] = step_case("nvfp4", False, True, layers)
+            for recipe in ("fp32", "nvfp4"):
+                r = None if recipe == "fp32" else recipe
+                rows[f"step {recipe}, {layers} blocks"] = step_case(r, False, False, layers)
+                rows[f"step {recipe}, {layers} blocks, scan"] = step_case(r, False, True, layers)
     return rows
 
 
@@ -168,13 +171,37 @@ def main(argv=None) -> None:
     print()
     print("| case | trace + lower s | compile s | optimized HLO lines |")
     print("|---|---:|---:|---:|")
+    first = {}
     for name, (make, xs) in rows.items():
         lo, co, n = measure(make, xs, args.reps)
+        first[name] = lo + co
         print(f"| {name} | {lo:.2f} | {co:.2f} | {n} |", flush=True)
+    goals(first)
     if hasattr(os, "getloadavg"):
         load = os.getloadavg()
         print()
         print(f"load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+
+
+GOAL_VS_FP32 = 2.5  # nvfp4 first call (trace + lower + compile) at 4 blocks, against fp32's
+GOAL_DEPTH = 1.3  # scanned nvfp4 at 8 blocks against 4 blocks
+
+
+def goals(first: dict) -> None:
+    """The first-call goals, from the depth rows measured in this run."""
+    print()
+    for layout in ("", ", scan"):
+        for layers in (2, 4, 8):
+            nv, fp = (first.get(f"step {r}, {layers} blocks{layout}") for r in ("nvfp4", "fp32"))
+            if nv is not None and fp is not None:
+                print(f"nvfp4 / fp32 first call, {layers} blocks{layout}: {nv / fp:.2f}x")
+    nv4, fp4 = first.get("step nvfp4, 4 blocks"), first.get("step fp32, 4 blocks")
+    if nv4 is not None and fp4 is not None:
+        r = nv4 / fp4
+        print(f"goal: nvfp4 first call <= {GOAL_VS_FP32}x fp32's at 4 blocks (unrolled): {r:.2f}x")
+    s8, s4 = first.get("step nvfp4, 8 blocks, scan"), first.get("step nvfp4, 4 blocks, scan")
+    if s8 is not None and s4 is not None:
+        print(f"goal: scanned 8 blocks <= {GOAL_DEPTH}x 4 blocks: {s8 / s4:.2f}x")
 
 
 if __name__ == "__main__":

@@ -28,11 +28,17 @@ The goals are judged on the medians.
     python benchmarks/step.py            # d_model 256, 4 layers, seq 128, batch 16
     python benchmarks/step.py --quick    # tiny shapes, a smoke test
     python benchmarks/step.py --rows "nvfp4,nvfp4 +telemetry,nvfp4 +telemetry +shadow"
+    python benchmarks/step.py --blocks 2,4,8 --scan both   # every depth, unrolled and scanned
+
+With several depths or both block layouts, each (depth, layout) gets its own table, with ratios
+to the fp32 step of the same depth and layout, all measured in the one process (the qwix row
+runs on unrolled blocks only).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import statistics
@@ -155,6 +161,13 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=10, help="timed steps per row")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
     p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test)")
+    p.add_argument("--blocks", default=None, help="comma-separated depths (default: 4; 2 quick)")
+    p.add_argument(
+        "--scan",
+        choices=("no", "yes", "both"),
+        default="no",
+        help="blocks unrolled (no), under nnx.scan (yes) or both",
+    )
     rows = ", ".join(ROWS)
     p.add_argument(
         "--rows",
@@ -167,14 +180,16 @@ def main(argv=None) -> None:
         p.error(f"unknown rows {unknown}; known: {rows}")
 
     if args.quick:
-        cfg = TransformerConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=32)
+        base = TransformerConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_len=32)
         seq, batch = 32, 4
     else:
-        cfg = TransformerConfig(
+        base = TransformerConfig(
             vocab=256, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=128
         )
         seq, batch = 128, 16
-    tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, cfg.vocab)
+    depths = [base.n_layers] if args.blocks is None else [int(b) for b in args.blocks.split(",")]
+    scans = {"no": [False], "yes": [True], "both": [False, True]}[args.scan]
+    tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, base.vocab)
 
     try:
         import qwix
@@ -182,31 +197,45 @@ def main(argv=None) -> None:
         qwix = None
         print("qwix is not installed: the qwix row is skipped")
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. jax's deprecation notes from qwix
-        rows = build(cfg, tokens, qwix, wanted)
-        first, ms, best = measure(rows, tokens, args.reps, args.warmup)
+    results = []
+    for depth in depths:
+        for scan in scans:
+            cfg = dataclasses.replace(base, n_layers=depth, scan_layers=scan)
+            print(f"{depth} blocks, {'scanned' if scan else 'unrolled'}:", flush=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # e.g. jax's deprecation notes from qwix
+                rows = build(cfg, tokens, None if scan else qwix, wanted)
+                results.append((cfg, measure(rows, tokens, args.reps, args.warmup)))
+            jax.clear_caches()
 
     dev = jax.devices()[0]
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    print()
-    print(
-        f"train step (fwd + bwd + adam), d_model={cfg.d_model}, layers={cfg.n_layers}, "
-        f"heads={cfg.n_heads}, d_ff={cfg.d_ff}, vocab={cfg.vocab}, seq={seq}, batch={batch}; "
-        f"{dev.platform} ({dev.device_kind}), {os.cpu_count()} CPUs, jax {jax.__version__}; "
-        f"median of {args.reps} steps after {args.warmup} warm-up steps"
-    )
+    for cfg, (first, ms, best) in results:
+        print()
+        print(
+            f"train step (fwd + bwd + adam), d_model={cfg.d_model}, layers={cfg.n_layers} "
+            f"({'scanned' if cfg.scan_layers else 'unrolled'}), heads={cfg.n_heads}, "
+            f"d_ff={cfg.d_ff}, vocab={cfg.vocab}, seq={seq}, batch={batch}; "
+            f"{dev.platform} ({dev.device_kind}), {os.cpu_count()} CPUs, jax {jax.__version__}; "
+            f"median of {args.reps} steps after {args.warmup} warm-up steps"
+        )
+        report(first, ms, best)
     if load is not None:
-        print(f"load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+        print(f"\nload average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}")
+
+
+def report(first: dict, ms: dict, best: dict) -> None:
+    """The table of one (depth, layout) and its goals."""
     print()
     cols = ["recipe", "median ms/step", "ratio to fp32", "fastest ms/step", "ratio to fp32"]
-    print("| " + " | ".join([*cols, "first call s"]) + " |")
-    print("|---|---:|---:|---:|---:|---:|")
+    cols += ["first call s", "first call / fp32"]
+    print("| " + " | ".join(cols) + " |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, t in ms.items():
-        b = best[name]
+        b, f = best[name], first[name]
         print(
             f"| {name} | {t:.1f} | {t / ms['fp32']:.2f}x | {b:.1f} | {b / best['fp32']:.2f}x "
-            f"| {first[name]:.1f} |"
+            f"| {f:.1f} | {f / first['fp32']:.2f}x |"
         )
 
     print()
