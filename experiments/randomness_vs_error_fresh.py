@@ -1,9 +1,9 @@
-"""The randomness-vs-error experiment again with fresh seed values (100-107 in every stream).
+"""The randomness-vs-error experiment again with fresh seed values (100-111 in every stream).
 
     fp4lab run experiments/randomness_vs_error_fresh.py --out results/randomness_vs_error_fresh
 
-A finding that holds only for seeds 0-7 is a finding about those seeds: this rerun checks that
-the verdict words of experiments/randomness_vs_error.py (seeds 0-7) survive other draws of
+A finding that holds only for seeds 0-11 is a finding about those seeds: this rerun checks that
+the verdict words of experiments/randomness_vs_error.py (seeds 0-11) survive other draws of
 every stream.
 """
 
