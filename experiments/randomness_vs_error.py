@@ -21,7 +21,8 @@ further sqrt(12/8) = 1.22x narrower: each step chosen after seeing the last, whi
 sequential design pays for in its error rates (said so in results/README.md). Cells: the
 recipe; the recipe with the Wgrad GEMM in BF16; the "4-bitter lesson" NVFP4 recipe (nvfp4-rl:
 round to nearest, four-over-six, per-row activation scales, backward on dequantized operands:
-less error and no randomness at all); BF16 as the reference. Telemetry every 50 steps (the gradient-flow heatmap notebook reads it).
+less error and no randomness at all); BF16 as the reference. Telemetry every 50 steps (the
+gradient-flow heatmap notebook reads it).
 
 Outcome: final loss gap (the optimum is 0). `analysis.verdict(runs, "loss_gap")` compares each
 pair of cells with the SD each seed stream induces in each cell. Expect, if the claim holds:

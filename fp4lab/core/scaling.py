@@ -6,7 +6,9 @@ amaxes have shape (..., R/ty, 1, K/tx, 1); scope amaxes broadcast against them.
 
 Every rule returns a `Scaled`: element grid values `q`, block scales `scale` (float32 values
 exactly representable in the block-scale format) and an outer dequantization factor `outer`,
-so that x_hat = (q * scale) * outer.
+so that x_hat = (q * scale) * outer. The rules that round elements take `rounding`, `key` and
+`index` (each element's position in the random stream, for a blocked view laid out otherwise
+than the stream: see `formats.round_to_format`).
 
 The rules, exactly as docs/architecture.md §2 and the cited references write them:
 
