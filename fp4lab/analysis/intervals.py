@@ -148,13 +148,11 @@ def bootstrap_ci(
     if np.all(x == x[0]):
         return Interval(estimate, estimate, estimate)
     rng = np.random.default_rng(seed)
-    if not np.all(np.isfinite(x)):
-        idx = rng.integers(0, x.size, size=(n_boot, x.size))
-        return Interval(estimate, *percentile_interval(stat(x[idx], axis=-1), level))
-    ends = _bca((x,), stat, n_boot, level, rng)
-    if ends is not None:
-        return Interval(estimate, *ends)
-    # BCa's jackknife is degenerate (e.g. a median of tied values): the percentile interval
+    if np.all(np.isfinite(x)):
+        ends = _bca((x,), stat, n_boot, level, rng)
+        if ends is not None:
+            return Interval(estimate, *ends)
+    # +-inf among the values, or BCa's jackknife is degenerate (a median of tied values)
     idx = rng.integers(0, x.size, size=(n_boot, x.size))
     return Interval(estimate, *percentile_interval(stat(x[idx], axis=-1), level))
 

@@ -111,8 +111,10 @@ def _signs(t: Hadamard, key: jax.Array | None) -> jax.Array | None:
     return jnp.asarray(t.signs, jnp.float32)
 
 
-def _sylvester_apply(xb: jax.Array) -> jax.Array:
-    """xb H / sqrt(n) (H Sylvester, symmetric) along the last axis, by butterflies.
+def _butterflies(xb: jax.Array, axis: int) -> jax.Array:
+    """xb H / sqrt(n) (H Sylvester, symmetric) along `axis` of xb (the block axis, of length
+    n), by butterflies; the same additions in the same order wherever the axis lies, so the
+    bits do not depend on it.
 
     Written as explicit additions (a fast Walsh-Hadamard transform) rather than a dot: XLA
     does not reorder them, so the bits are the same eagerly, under jit and on every backend (a
@@ -123,12 +125,6 @@ def _sylvester_apply(xb: jax.Array) -> jax.Array:
     product computed just before (q * s * outer when dequantizing) with the first addition
     into a fused multiply-add, which can change the last bit.
     """
-    return _butterflies(xb, xb.ndim - 1)
-
-
-def _butterflies(xb: jax.Array, axis: int) -> jax.Array:
-    """`_sylvester_apply` along `axis` of xb (the block axis, of length n), with the same
-    additions in the same order: the bits do not depend on where the axis lies."""
     n = xb.shape[axis]
     lead, trail = xb.shape[:axis], xb.shape[axis + 1 :]
     k = (n.bit_length() - 1) // 2

@@ -75,7 +75,7 @@ def clear_cache(config: Config | None = None) -> None:
 def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
     """jit(vmap(train)) compiled for `cfg` (cached per process), and its compile seconds;
     with `every` > 0, with the progress callback every `every` steps."""
-    import jax
+    import jax  # lazy, like the trainer: `import fp4lab.sweep` (and `fp4lab --help`) loads no jax
 
     from fp4lab.train import trainer
 
@@ -108,7 +108,7 @@ def compute_cell(
     callback is compiled (and cached in this process) apart from the one without, and jax does
     not write programs with host callbacks to its persistent cache.
     """
-    import jax
+    import jax  # lazy: the trainer and jax load on the first cell (see the module docstring)
     import jax.numpy as jnp
 
     from fp4lab.train import tasks, trainer
