@@ -10,7 +10,8 @@ and returns the Param gradients and the flat metrics separately.
 Per layer, `shadow_metrics` compares the quantized gradient g_q with the exact gradient g at the
 same parameters and batch: cosine, relative norm ||g_q|| / ||g||, and the gradient-to-noise
 ratio ||g|| / ||g_q - g|| (Chmiel et al. 2025, arXiv 2505.19115: training stalls below sqrt(3)).
-The ratio is +inf when g_q == g exactly (the documented sentinel for "no noise").
+The ratio is +inf when g_q == g exactly (the documented sentinel for "no noise"). A parameter of
+layers stacked under nnx.scan is measured per layer, under the unscanned model's names.
 
 Accumulated drift (`value_and_grad(..., shadow=True)`): where the statistics above measure the
 error each GEMM adds to its own inputs, the drift measures what has accumulated by the time a
@@ -73,6 +74,7 @@ __all__ = [
     "set_enabled",
     "exact_grads",
     "shadow_metrics",
+    "stacked_layers",
 ]
 
 
@@ -198,7 +200,7 @@ def _with_shadow(loss_fn, has_aux, model, args, kwargs):
     exact = nnx.grad(loss_fn, argnums=diff, has_aux=has_aux)(reference, *args, **kwargs)
     exact, ref_taps = nnx.split_state(exact[0] if has_aux else exact, nnx.Param, DriftTap)
     nnx.update(reference, ref_taps)
-    metrics |= shadow_metrics(param_grads, exact)
+    metrics |= shadow_metrics(param_grads, exact, stacked_layers(quantized))
     return value, param_grads, metrics | _drift_metrics(quantized, reference)
 
 
@@ -288,20 +290,49 @@ def exact_grads(loss_fn, model, *args, **kwargs):
     return nnx.grad(loss_fn, argnums=nnx.DiffState(0, nnx.Param))(shadow, *args, **kwargs)
 
 
-def shadow_metrics(grads_q, grads_exact) -> dict[str, jax.Array]:
-    """Per parameter: cosine, relative norm and gradient-to-noise ratio of g_q against g."""
+def stacked_layers(model) -> dict[tuple[str, ...], int]:
+    """{path of a stacked module: its number of layers} for the layers stacked under nnx.scan
+    that a quantized op stands for (e.g. {("blocks",): 4} for the scanned Transformer)."""
+    roots = {}
+    for _, m in nnx.iter_modules(model):
+        if isinstance(m, QuantizedOp) and m.layers:
+            op, first = m.path.split("."), m.layers[0][0].split(".")
+            cut = next(i for i, (a, b) in enumerate(zip(op, first, strict=False)) if a != b)
+            roots[tuple(op[:cut])] = len(m.layers)
+    return roots
+
+
+def shadow_metrics(grads_q, grads_exact, stacked=None) -> dict[str, jax.Array]:
+    """Per parameter: cosine, relative norm and gradient-to-noise ratio of g_q against g.
+
+    `stacked` ({module path: number of layers}, `stacked_layers(model)`): a parameter under
+    one of these paths whose leading axis has that length is measured per layer, under each
+    layer's own name ("blocks.2.mlp.up.kernel", as for the unscanned model), not as one
+    statistic over the stack.
+    """
     metrics = {}
+    stacked = stacked or {}
     flat_q = dict(nnx.to_flat_state(grads_q))
     for path, g in nnx.to_flat_state(grads_exact):
         gq = flat_q[path]
         g = g[...] if hasattr(g, "get_value") else g
         gq = gq[...] if hasattr(gq, "get_value") else gq
-        layer = ".".join(str(p) for p in path)
-        g32, gq32 = g.astype(jnp.float32).ravel(), gq.astype(jnp.float32).ravel()
-        n, nq, noise = (jnp.linalg.norm(v) for v in (g32, gq32, gq32 - g32))
-        cos = cosine(g32, gq32)
-        rel = jnp.where(n > 0, nq / jnp.where(n > 0, n, 1.0), jnp.where(nq == 0, 1.0, jnp.inf))
-        gnr = jnp.where(noise > 0, n / jnp.where(noise > 0, noise, 1.0), jnp.inf)
-        values = dict(zip(GRAD_STATS, (cos, rel, gnr, gnr < SQRT3), strict=True))
-        metrics |= {grad_key(layer, stat): v for stat, v in values.items()}
+        names = tuple(str(p) for p in path)
+        root = next((r for r in stacked if names[: len(r)] == r), None)
+        if root is not None and g.ndim and g.shape[0] == stacked[root]:
+            for i in range(g.shape[0]):
+                layer = ".".join((*root, str(i), *names[len(root) :]))
+                metrics |= _grad_stats(layer, g[i], gq[i])
+        else:
+            metrics |= _grad_stats(".".join(names), g, gq)
     return metrics
+
+
+def _grad_stats(layer: str, g, gq) -> dict[str, jax.Array]:
+    g32, gq32 = g.astype(jnp.float32).ravel(), gq.astype(jnp.float32).ravel()
+    n, nq, noise = (jnp.linalg.norm(v) for v in (g32, gq32, gq32 - g32))
+    cos = cosine(g32, gq32)
+    rel = jnp.where(n > 0, nq / jnp.where(n > 0, n, 1.0), jnp.where(nq == 0, 1.0, jnp.inf))
+    gnr = jnp.where(noise > 0, n / jnp.where(noise > 0, noise, 1.0), jnp.inf)
+    values = dict(zip(GRAD_STATS, (cos, rel, gnr, gnr < SQRT3), strict=True))
+    return {grad_key(layer, stat): v for stat, v in values.items()}
