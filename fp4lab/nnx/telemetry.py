@@ -297,7 +297,10 @@ def stacked_layers(model) -> dict[tuple[str, ...], int]:
     for _, m in nnx.iter_modules(model):
         if isinstance(m, QuantizedOp) and m.layers:
             op, first = m.path.split("."), m.layers[0][0].split(".")
-            cut = next(i for i, (a, b) in enumerate(zip(op, first, strict=False)) if a != b)
+            # the layer index sits where the paths part; after the op's own path when the
+            # stacked module is the seam itself ("lin" -> "lin.0")
+            pairs = enumerate(zip(op, first, strict=False))
+            cut = next((i for i, (a, b) in pairs if a != b), len(op))
             roots[tuple(op[:cut])] = len(m.layers)
     return roots
 

@@ -69,6 +69,11 @@ def _shadow_step(model):
     return telemetry.value_and_grad(_loss, shadow=True)(model, TOKENS)
 
 
+def test_stacked_layers_finds_the_stack_of_a_scanned_model_only():
+    assert telemetry.stacked_layers(_model(True)) == {("blocks",): 3}
+    assert telemetry.stacked_layers(_model(False)) == {}
+
+
 def test_rules_telemetry_drift_and_gradients_per_layer_match_the_unscanned_model():
     """One pair of compiles for everything per layer: operand statistics, the shadow's gradient
     statistics and accumulated drift, depth, and the gradients themselves."""
