@@ -18,6 +18,7 @@ input's layout).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -242,8 +243,7 @@ def _stream_index(shape: tuple, n: int, q: int) -> jax.Array:
 def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax, *, in_place: bool):
     """`quantize_blocks`, and the in-place view's sizes (`_in_place`) when `in_place` allows it
     (then xb is the in-place blocked view; `_restore_in_place` undoes it), else None."""
-    if not isinstance(spec, QuantSpec):
-        raise ValueError(f"quantize needs a QuantSpec, got {type(spec).__name__}")
+    _check_spec(spec)
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"quantize needs a floating-point array, got {x.dtype}")
@@ -290,6 +290,11 @@ def _restore_in_place(xb, spec, shape, dtype, transform_key, rotated, view):
     if spec.transform is not None and not rotated:
         x = hadamard.unrotate(x, spec.transform, transform_key, axis=1)
     return x.reshape(shape).astype(dtype)
+
+
+def _check_spec(spec) -> None:
+    if not isinstance(spec, QuantSpec):
+        raise ValueError(f"quantize needs a QuantSpec, got {type(spec).__name__}")
 
 
 def _check_amax(amax) -> None:
@@ -362,7 +367,19 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
     The same values as `quantize(...).dequantize(rotated=rotated)`, computed from the element
     grid values without encoding them to codes and decoding them back, and, along an axis
     that is not last, without moving it (`_in_place`).
+
+    Jitted per (shape, dtype, spec, rotated): inside a larger program, operands of the same
+    shape and spec (a block's q, k and v projections) share one trace and one lowering, and
+    an eager call compiles once. XLA inlines the call, so the values are those of the
+    quantizer written out in place (the bit-exactness tests cover both).
     """
+    _check_spec(spec)
+    _check_amax(amax)  # a concrete amax, before jit turns it into a tracer
+    return _quantize_dequantize(x, spec, key, transform_key, amax, rotated)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "rotated"))
+def _quantize_dequantize(x, spec, key, transform_key, amax, rotated):
     x = jnp.asarray(x)
     xb, scaled, scope, transform_key, view = _quantize_blocks(
         x, spec, key, transform_key, amax, in_place=True
@@ -412,6 +429,7 @@ def fake_quant(
     """
     if spec is None:
         return x
+    _check_spec(spec)
     if transform_key is None:
         transform_key = _split(key, spec)[1]
     else:

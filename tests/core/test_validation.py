@@ -48,3 +48,16 @@ def test_a_good_amax_is_used():
 def test_an_empty_input_is_an_error(shape):
     with pytest.raises(ValueError, match=r"quantize got an empty array of shape"):
         quantize_dequantize(jnp.zeros(shape, jnp.float32), nvfp4())
+
+
+@pytest.mark.parametrize("fn", [quantize, quantize_dequantize, fake_quant])
+def test_a_spec_that_is_not_a_quant_spec_is_an_error(fn):
+    """Caught before quantize_dequantize's jit would hash the spec as a static argument."""
+    with pytest.raises(ValueError, match=r"quantize needs a QuantSpec, got str"):
+        fn(jnp.ones((2, 16), jnp.float32), "nvfp4")
+
+
+@pytest.mark.parametrize("fn", [quantize, quantize_dequantize, fake_quant])
+def test_an_integer_input_is_an_error(fn):
+    with pytest.raises(ValueError, match=r"quantize needs a floating-point array, got int32"):
+        fn(jnp.ones((2, 16), jnp.int32), nvfp4())
