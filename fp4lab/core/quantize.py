@@ -370,8 +370,8 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
 
     Jitted per (shape, dtype, spec, rotated): inside a larger program, operands of the same
     shape and spec (a block's q, k and v projections) share one trace and one lowering, and
-    an eager call compiles once. XLA inlines the call, so the values are those of the
-    quantizer written out in place (the bit-exactness tests cover both).
+    an eager call compiles once. XLA inlines the call into the surrounding program, which
+    then compiles to the same values as with the quantizer written out in it.
     """
     _check_spec(spec)
     _check_amax(amax)  # a concrete amax, before jit turns it into a tracer
