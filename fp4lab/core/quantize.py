@@ -370,8 +370,9 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
 
     Jitted per (shape, dtype, spec, rotated): inside a larger program, operands of the same
     shape and spec (a block's q, k and v projections) share one trace and one lowering, and
-    an eager call compiles once. XLA inlines the call into the surrounding program, which
-    then compiles to the same values as with the quantizer written out in it.
+    an eager call compiles once. XLA inlines the call into the surrounding program; that the
+    values stay bit for bit those of the quantizer written out in it is what the bit-exactness
+    tests and the committed runs' reproductions check, not something XLA promises.
     """
     _check_spec(spec)
     _check_amax(amax)  # a concrete amax, before jit turns it into a tracer
