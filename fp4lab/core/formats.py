@@ -35,6 +35,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 __all__ = [
     "ElementFormat",
@@ -129,6 +130,11 @@ def get_format(name: str | ElementFormat) -> ElementFormat:
     return _FORMATS[key]
 
 
+# Hot paths (the quantizer's rounding and random bits) are written with lax primitives and
+# typed constants: the same operations as their jnp spelling, traced several times faster.
+_I32, _U32, _F32 = np.int32, np.uint32, np.float32
+
+
 # ---------------------------------------------------------------------------------------------
 # Float32 bit helpers.
 
@@ -162,10 +168,11 @@ def _quantum(a: jax.Array, fmt: ElementFormat) -> tuple[jax.Array, jax.Array]:
     normal binade, where the max with emin decides, so no leading-zero count is needed. Both
     q and 1/q are normal float32 for every format here, so a * (1/q) is exactly a / q.
     """
-    field = (jax.lax.bitcast_convert_type(a, jnp.int32) >> 23) & 0xFF
-    k = jnp.maximum(field, fmt.emin + 127) - fmt.mbits  # biased exponent of q
-    q = jax.lax.bitcast_convert_type(k << 23, jnp.float32)
-    inv = jax.lax.bitcast_convert_type((254 - k) << 23, jnp.float32)
+    field = lax.shift_right_logical(lax.bitcast_convert_type(a, jnp.int32), _I32(23))
+    field = lax.bitwise_and(field, _I32(0xFF))
+    k = lax.sub(lax.max(field, _I32(fmt.emin + 127)), _I32(fmt.mbits))  # biased exponent of q
+    q = lax.bitcast_convert_type(lax.shift_left(k, _I32(23)), jnp.float32)
+    inv = lax.bitcast_convert_type(lax.shift_left(lax.sub(_I32(254), k), _I32(23)), jnp.float32)
     return q, inv
 
 
@@ -241,21 +248,25 @@ def round_to_format(
     if fmt.kind == "pow2":
         return round_pow2(x, "nearest")
     x = x.astype(jnp.float32)
-    a = jnp.minimum(jnp.abs(x), fmt.max)
+    a = lax.min(lax.abs(x), _F32(fmt.max))
     if fmt.kind == "int":
-        q, y = jnp.ones_like(a), a
+        q, y = _F32(1.0), a
     else:
         q, inv = _quantum(a, fmt)
-        y = a * inv  # = a / q, exactly: powers of two within range
+        y = lax.mul(a, inv)  # = a / q, exactly: powers of two within range
     if rounding == "rne":
-        r = jnp.round(y)  # jnp.round rounds half to even
+        r = lax.round(y, lax.RoundingMethod.TO_NEAREST_EVEN)
     else:
-        lo = jnp.floor(y)
+        lo = lax.floor(y)
         bits = _random_bits(key, y.shape, index)
-        u = (bits >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)  # uniform on [0, 1)
-        r = lo + (u < (y - lo)).astype(jnp.float32)
-    out = jnp.minimum(r * q, fmt.max)
-    return jnp.where(jnp.isnan(x), jnp.nan, jnp.copysign(out, x))
+        u = lax.convert_element_type(lax.shift_right_logical(bits, _U32(8)), jnp.float32)
+        u = lax.mul(u, _F32(2.0**-24))  # uniform on [0, 1)
+        up = lax.convert_element_type(lax.lt(u, lax.sub(y, lo)), jnp.float32)
+        r = lax.add(lo, up)
+    out = lax.min(lax.mul(r, q), _F32(fmt.max))  # >= +0: its sign is x's
+    negative = lax.lt(lax.bitcast_convert_type(x, jnp.int32), _I32(0))
+    out = lax.select(negative, lax.neg(out), out)
+    return lax.select(lax.ne(x, x), lax.full_like(out, np.nan), out)  # NaN stays NaN
 
 
 _THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -280,17 +291,20 @@ def _random_bits(key: jax.Array, shape: tuple, index: jax.Array | None = None) -
         bits = jax.random.bits(key, shape, jnp.uint32)
         return bits if index is None else bits.reshape(-1)[index]
     k0, k1 = kd[0], kd[1]
-    ks = (k0, k1, k0 ^ k1 ^ jnp.uint32(0x1BD11BDA))
-    x0 = jnp.zeros(shape, jnp.uint32) + ks[0]  # counter high word: 0
-    i = jax.lax.iota(jnp.uint32, n).reshape(shape) if index is None else index
-    x1 = i + ks[1]  # counter low word: i
+    ks = (k0, k1, lax.bitwise_xor(lax.bitwise_xor(k0, k1), _U32(0x1BD11BDA)))
+    x0 = lax.broadcast(ks[0], shape)  # counter high word: 0
+    i = lax.iota(jnp.uint32, n).reshape(shape) if index is None else index
+    x1 = lax.add(i, ks[1])  # counter low word: i
     for group in range(5):
         for r in _THREEFRY_ROTATIONS[group % 2]:
-            x0 = x0 + x1
-            x1 = x0 ^ ((x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r)))
-        x0 = x0 + ks[(group + 1) % 3]
-        x1 = x1 + ks[(group + 2) % 3] + jnp.uint32(group + 1)
-    return x0 ^ x1
+            x0 = lax.add(x0, x1)
+            rotated = lax.bitwise_or(
+                lax.shift_left(x1, _U32(r)), lax.shift_right_logical(x1, _U32(32 - r))
+            )
+            x1 = lax.bitwise_xor(x0, rotated)
+        x0 = lax.add(x0, ks[(group + 1) % 3])
+        x1 = lax.add(lax.add(x1, ks[(group + 2) % 3]), _U32(group + 1))
+    return lax.bitwise_xor(x0, x1)
 
 
 def round_pow2(x: jax.Array, mode: str = "floor") -> jax.Array:

@@ -40,6 +40,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from fp4lab.core import formats
 
@@ -86,12 +87,14 @@ def _abs_nan_as_inf(xb: jax.Array) -> jax.Array:
     XLA's CPU backend may route large max reductions to a kernel that skips NaN; +inf survives
     any max, and a non-finite amax makes its scope NaN (see `_nan_where_nonfinite`).
     """
-    a = jnp.abs(xb)
-    return jnp.where(jnp.isnan(a), jnp.float32(jnp.inf), a)
+    a = lax.abs(xb)  # lax, as the rounding in `formats`: the same ops, traced faster
+    return lax.select(lax.ne(a, a), lax.full_like(a, np.inf), a)
 
 
 def block_amax(xb: jax.Array) -> jax.Array:
-    return jnp.max(_abs_nan_as_inf(xb), axis=(-3, -1), keepdims=True)
+    """The amax of each block of the blocked view, (..., R/ty, 1, K/tx, 1); NaN reads +inf."""
+    axes = (xb.ndim - 3, xb.ndim - 1)
+    return lax.expand_dims(lax.reduce_max(_abs_nan_as_inf(xb), axes), axes)
 
 
 def scope_amax(xb: jax.Array, outer: str, amax_b: jax.Array | None = None) -> jax.Array | None:
