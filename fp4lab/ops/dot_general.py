@@ -71,7 +71,12 @@ class DotGemm(Gemm):
         )
         return y, stats
 
-    def grads(self, lhs, rhs, g, aux):
+    def shares_weight(self, lhs_shape, rhs_shape) -> bool:
+        return self.backends[:2] == ("simulated",) * 2 and super().shares_weight(
+            lhs_shape, rhs_shape
+        )
+
+    def grads(self, lhs, rhs, g, aux, w_hat=None):
         """As the plan's, with Dgrad and Wgrad on the native GEMM where `backends` says.
 
         In the canonical layout Dgrad is dx (B, M, K) = dy (B, M, N) . w (B, N, K), contracting
@@ -80,7 +85,7 @@ class DotGemm(Gemm):
         simulated results they replace are dropped by the compiler; the telemetry of the
         backward operands is the simulator's (the same quantized values).
         """
-        dx, dw, stats = super().grads(lhs, rhs, g, aux)
+        dx, dw, stats = super().grads(lhs, rhs, g, aux, w_hat)
         if "native" not in self.backends[1:]:
             return dx, dw, stats
         r, lay = self.recipe, self.layout(lhs.shape, rhs.shape)

@@ -13,6 +13,12 @@ runs on them, so a recipe without quantization is bit-identical to the plain op 
 gradients. With telemetry, each quantized operand also yields the statistics of
 `fp4lab.core.stats` (zeros for an operand left unquantized).
 
+One quantized weight for Fprop and Dgrad: where both GEMMs quantize w under the same spec up
+to its axis, with square tiles (NVIDIA's 16x16 weight blocks) or one scale per tensor, round to
+nearest and no rotation, Fprop's and Dgrad's blocks of w are the same elements and x_hat is the
+same array bit for bit (`Gemm.shares_weight`). The forward then keeps Fprop's w_hat for the
+backward instead of quantizing w again, as hardware recipes do with 2D weight scaling.
+
 Token padding: the Wgrad GEMM contracts over tokens, whose count the data decides. Where the
 Wgrad operands' tiles or Hadamard size do not divide it (and the quantizer would otherwise
 raise), `grads` zero-pads the token axis of x and dy to the least common multiple of the two
@@ -159,6 +165,38 @@ class Gemm:
             w = _along(w, aw, lambda m: hadamard.unrotate(m, t, tkey)).astype(rhs.dtype)
         return lay.lhs_from(x), lay.rhs_from(w), (jnp.stack([sx, sw]) if stats else None)
 
+    def shares_weight(self, lhs_shape, rhs_shape) -> bool:
+        """Whether Dgrad's quantized w is Fprop's, bit for bit, so the backward can take it.
+
+        Holds when both GEMMs quantize w of the canonical (B, N, K) dot layout (Fprop along K,
+        Dgrad along N) under specs equal up to the axis, without telemetry (whose statistics
+        of Dgrad's w are measured on their own), with
+        - square tiles (ty == tx) that divide N and K, or no tiles (one scale per tensor): the
+          blocks along K and along N are then the same sets of elements;
+        - an outer scale per tensor or none (a per-row scale depends on the axis);
+        - round to nearest even and no four-over-six (stochastic bits and four-over-six's
+          error sums follow the layout);
+        - no Hadamard on either GEMM.
+        Everything else the quantizer computes from a block is elementwise or a max.
+        """
+        r = self.recipe
+        a, b = r.fprop_w, r.dgrad_w
+        if self.telemetry or r.backward != "quantized" or a is None or b is None:
+            return False
+        if a.replace(axis=0) != b.replace(axis=0) or r.transform("fprop") or r.transform("dgrad"):
+            return False
+        if a.rounding != "rne" or a.four_over_six is not None or a.outer == "row":
+            return False
+        lay = self.layout(lhs_shape, rhs_shape)
+        if not isinstance(lay, layout.DotLayout):
+            return False
+        if a.tile is not None:
+            ty, tx = a.tile
+            _, _, n, k = lay.bmnk
+            if ty != tx or n % tx or k % tx:
+                return False
+        return True
+
     def token_padding(self, lay, tokens: int) -> int:
         """The padded token count of the Wgrad operands: `tokens` when the quantizer can block
         it as it is (it divides, or a spec pads by itself without a rotation), else the next
@@ -178,9 +216,10 @@ class Gemm:
             raises = raises or (tokens % need != 0 and not self_padding)
         return -(-tokens // multiple) * multiple if raises else tokens
 
-    def backward_operands(self, lhs, rhs, g, keys, amax):
+    def backward_operands(self, lhs, rhs, g, keys, amax, w_hat=None):
         """(w for Dgrad, dy for Dgrad, x for Wgrad, dy for Wgrad) in the original layouts, as
         the backward mode says, and the statistics (4, len(STATS)) of `BWD_OPERANDS` or None.
+        `w_hat`: Fprop's quantized w, taken as Dgrad's where `shares_weight` holds.
         Wgrad operands whose token axis needs padding (`token_padding`) come back padded, in
         the op's layout (`grads` contracts them there)."""
         r, on = self.recipe, self.telemetry
@@ -198,10 +237,14 @@ class Gemm:
         dy_d, s0 = quantize_operand(
             dy, r.dgrad_dy, axes["dgrad_dy"], td, keys["dgrad_dy"], kd, on, None, "dgrad_dy"
         )
-        w_d, s1 = quantize_operand(
-            lay.rhs_to(rhs), r.dgrad_w, axes["dgrad_w"], td, keys["dgrad_w"], kd, on,
-            amax.get("w"), "dgrad_w",
-        )  # fmt: skip
+        if w_hat is None:
+            w_d, s1 = quantize_operand(
+                lay.rhs_to(rhs), r.dgrad_w, axes["dgrad_w"], td, keys["dgrad_w"], kd, on,
+                amax.get("w"), "dgrad_w",
+            )  # fmt: skip
+            w_d = lay.rhs_from(w_d)
+        else:
+            w_d, s1 = w_hat, None  # no telemetry here (`shares_weight`)
         x3 = lay.lhs_to(lhs)
         tx_axis, tdy_axis = lay.token_axes
         tokens = x3.shape[tx_axis]
@@ -219,7 +262,7 @@ class Gemm:
             x_w, dy_w = _Padded(x_w), _Padded(dy_w)
         else:
             x_w, dy_w = lay.lhs_from(x_w), dy_w.reshape(g.shape)
-        operands = (lay.rhs_from(w_d), dy_d.reshape(g.shape), x_w, dy_w)
+        operands = (w_d, dy_d.reshape(g.shape), x_w, dy_w)
         return operands, (jnp.stack([s0, s1, s2, s3]) if on else None)
 
     def forward(self, lhs, rhs, aux):
@@ -231,10 +274,23 @@ class Gemm:
         y = self.gemm(x_hat, w_hat)
         return (y, stats) if self.telemetry else y
 
-    def grads(self, lhs, rhs, g, aux):
-        """(dx, dw, backward statistics or None): Dgrad and Wgrad on the chosen operands."""
+    def forward_saving(self, lhs, rhs, aux):
+        """(`forward`'s output, what the backward keeps of it): Fprop's w_hat where
+        `shares_weight` holds, else None."""
+        if not self.shares_weight(lhs.shape, rhs.shape):
+            return self.forward(lhs, rhs, aux), None
         key, amax = aux
-        (w_d, dy_d, x_w, dy_w), stats = self.backward_operands(lhs, rhs, g, operand_keys(key), amax)
+        x_hat, w_hat, _ = self.fprop_operands(
+            lhs, rhs, operand_keys(key), amax, rotated=True, stats=False
+        )
+        return self.gemm(x_hat, w_hat), w_hat
+
+    def grads(self, lhs, rhs, g, aux, w_hat=None):
+        """(dx, dw, backward statistics or None): Dgrad and Wgrad on the chosen operands;
+        `w_hat` is what `forward_saving` kept."""
+        key, amax = aux
+        keys = operand_keys(key)
+        (w_d, dy_d, x_w, dy_w), stats = self.backward_operands(lhs, rhs, g, keys, amax, w_hat)
         _, vjp_lhs = jax.vjp(lambda a: self.gemm(a, w_d), lhs)
         (dx,) = vjp_lhs(dy_d.astype(g.dtype))
         if isinstance(x_w, _Padded):

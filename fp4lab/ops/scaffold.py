@@ -3,11 +3,13 @@
     y = apply(gemm, lhs, rhs, aux)                  # gemm: an `fp4lab.ops.plan.Gemm`
     y, fwd_stats = apply(gemm, lhs, rhs, aux, probe)   # with telemetry (gemm.telemetry=True)
 
-The forward runs `gemm.forward`, the backward `gemm.grads`, each one compiled computation per
-(gemm, shapes), also when called eagerly (op-by-op dispatch of the quantizer's many small ops is
-slow). The gradient channel: with telemetry the op takes a zero `probe` input, and the probe's
-cotangent is the backward statistics, so they leave the VJP like any gradient and model code
-does not change (docs/architecture.md §5).
+The forward runs `gemm.forward_saving` (the output, and what the backward keeps of it: Fprop's
+quantized w where Dgrad can take it), the backward `gemm.grads`, each one compiled computation
+per (gemm, shapes), also when called eagerly (op-by-op dispatch of the quantizer's many small
+ops is slow); the primal and the forward rule share that one trace. The gradient channel: with
+telemetry the op takes a zero `probe` input, and the probe's cotangent is the backward
+statistics, so they leave the VJP like any gradient and model code does not change
+(docs/architecture.md §5).
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ __all__ = ["apply"]
 
 
 def _forward(gemm, lhs, rhs, aux):
-    return gemm.forward(lhs, rhs, aux)
+    return gemm.forward_saving(lhs, rhs, aux)
 
 
-def _grads(gemm, lhs, rhs, g, aux):
-    return gemm.grads(lhs, rhs, g, aux)
+def _grads(gemm, lhs, rhs, g, aux, saved):
+    return gemm.grads(lhs, rhs, g, aux, saved)
 
 
 _forward = jax.jit(_forward, static_argnums=0)
@@ -34,18 +36,19 @@ _grads = jax.jit(_grads, static_argnums=0)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _vjp(gemm, lhs, rhs, aux, probe):
     del probe
-    return _forward(gemm, lhs, rhs, aux)
+    return _forward(gemm, lhs, rhs, aux)[0]  # one trace with the forward rule's; XLA drops the rest
 
 
 def _vjp_fwd(gemm, lhs, rhs, aux, probe):
     del probe
-    return _forward(gemm, lhs, rhs, aux), (lhs, rhs, aux)
+    y, saved = _forward(gemm, lhs, rhs, aux)
+    return y, (lhs, rhs, aux, saved)
 
 
 def _vjp_bwd(gemm, res, cotangent):
-    lhs, rhs, aux = res
+    lhs, rhs, aux, saved = res
     g = cotangent[0] if gemm.telemetry else cotangent
-    dx, dw, stats = _grads(gemm, lhs, rhs, g, aux)
+    dx, dw, stats = _grads(gemm, lhs, rhs, g, aux, saved)
     return dx, dw, None, stats
 
 

@@ -236,3 +236,80 @@ def test_batch_invariance_with_row_scale_and_not_with_tensor_scale():
     assert not np.array_equal(
         qdot_general(x, w, DN_2D, ten)[0], qdot_general(other, w, DN_2D, ten)[0]
     )
+
+
+def _gemm(recipe, telemetry=False, backends=("simulated",) * 3):
+    from fp4lab.ops.dot_general import DotGemm
+
+    return DotGemm(
+        recipe=recipes.get(recipe) if isinstance(recipe, str) else recipe,
+        telemetry=telemetry,
+        dimension_numbers=DN_2D,
+        backends=backends,
+    )
+
+
+def test_dgrad_takes_fprop_weight_only_where_the_blocks_coincide():
+    """`shares_weight`: square tiles (or one scale per tensor), RNE, no rotation, no telemetry,
+    a dot layout whose N and K the tile divides; everything else quantizes w again."""
+    shapes = ((32, 64), (64, 48))
+    assert _gemm("nvfp4").shares_weight(*shapes)  # 16x16 weight blocks
+    assert _gemm("fp8").shares_weight(*shapes)  # one scale per tensor
+    assert _gemm("bf16").shares_weight(*shapes)  # an elementwise cast
+    assert not _gemm("nvfp4", telemetry=True).shares_weight(*shapes)
+    assert not _gemm("nvfp4").shares_weight((32, 64), (64, 40))  # 16 does not divide N = 40
+    assert not _gemm("mxfp4").shares_weight(*shapes)  # 1x32 tiles: other blocks along N
+    assert not _gemm("nvfp4-sr-weights").shares_weight(*shapes)  # random bits per layout
+    assert not _gemm("nvfp4-h-dgrad").shares_weight(*shapes)  # Dgrad rotates w
+    assert not _gemm("nvfp4-h-fprop").shares_weight(*shapes)  # Fprop rotates w
+    assert not _gemm("nvfp4-rl").shares_weight(*shapes)  # four-over-six, dequantized backward
+    row = recipes.get("fp8").replace(fprop_w=fl.nvfp4(scope="row"), dgrad_w=fl.nvfp4(scope="row"))
+    assert not _gemm(row).shares_weight(*shapes)  # a per-row scale depends on the axis
+    native = ("simulated", "native", "simulated")
+    assert not _gemm("nvfp4", backends=native).shares_weight(*shapes)
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "fp8", "bf16"])
+def test_the_shared_weight_is_the_one_dgrad_would_quantize_bit_for_bit(recipe):
+    """The fact sharing rests on, checked on its own: w quantized along K and along N under a
+    shared spec are the same array, NaN and zero blocks included."""
+    r = recipes.get(recipe)
+    w = jax.random.normal(jax.random.key(4), (64, 48)) * jnp.logspace(-3, 3, 48)[None, :]
+    w = w.at[3, 5].set(jnp.nan).at[16:32, 16:32].set(0.0)
+    along_k = fl.fake_quant(w, r.fprop_w.replace(axis=0))
+    along_n = fl.fake_quant(w, r.dgrad_w.replace(axis=1))
+    np.testing.assert_array_equal(along_k, along_n)
+
+
+def _count_quantizers(jaxpr) -> int:
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += eqn.params.get("name") == "_quantize_dequantize"
+        for p in eqn.params.values():
+            for sub in p if isinstance(p, tuple | list) else (p,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    n += _count_quantizers(inner)
+    return n
+
+
+def test_shared_weight_gradients_are_bit_identical_and_skip_one_quantizer(monkeypatch):
+    from fp4lab.ops.dot_general import DotGemm
+
+    x, w = _xw((32, 64), (64, 48))
+    g = jax.random.normal(jax.random.key(3), (32, 48))
+    key = jax.random.key(5)
+
+    def grads(x, w, g):
+        _, vjp = jax.vjp(lambda a, b: qdot_general(a, b, DN_2D, "nvfp4", key=key), x, w)
+        return vjp(g)
+
+    shared = jax.jit(grads)(x, w, g)
+    n_shared = _count_quantizers(jax.make_jaxpr(grads)(x, w, g).jaxpr)
+    monkeypatch.setattr(DotGemm, "shares_weight", lambda self, *shapes: False)
+    jax.clear_caches()  # the scaffold's traces are cached per (gemm, shapes)
+    apart = jax.jit(grads)(x, w, g)
+    n_apart = _count_quantizers(jax.make_jaxpr(grads)(x, w, g).jaxpr)
+    for a, b in zip(shared, apart, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert (n_shared, n_apart) == (5, 6)  # Fprop x, w; Dgrad dy (+ w apart); Wgrad x, dy
