@@ -282,7 +282,7 @@ def _provenance_table(results) -> pd.DataFrame | None:
         return None
     keys = [
         c
-        for c in ("code", "numerics", "jax", "jaxlib", "flax", "python", "backend", "device")
+        for c in ("code", "numerics", "jax", "jaxlib", "flax", "python", "backend", "device", "cpu")
         if c in prov.columns
     ]
     prov = prov.assign(**{k: prov[k].map(_config_value) for k in keys})

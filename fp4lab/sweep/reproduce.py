@@ -66,8 +66,28 @@ def reproduce(folder: str | os.PathLike, run_id: str, *, check: bool = True) -> 
     seeds = tuple(record["seeds"][s] for s in ("init", "data", "quant"))
     (fresh,) = compute_cell(record["config"], [seeds])
     if check:
-        _compare(run_id, record, fresh)
+        try:
+            _compare(run_id, record, fresh)
+        except ReproductionError as e:
+            raise ReproductionError(f"{e}{_host_hint(record)}") from None
     return fresh
+
+
+def _host_hint(record: dict) -> str:
+    """Why numbers may differ although code, versions and seeds agree: the CPU. XLA's CPU
+    kernels pick their vector code by the instruction set, and their sums' order with it."""
+    prov = record.get("provenance") or {}
+    if prov.get("backend") not in (None, "cpu"):
+        return ""
+    made, here = prov.get("cpu"), results_store.cpu()
+    if made == here:
+        return ""
+    where = f"made on {made}" if made else "made on a CPU its record does not name"
+    return (
+        f" (the run was {where}; this is {here}. XLA's CPU kernels choose their vector code, "
+        "and so the order of their sums, by the instruction set: a run reproduces bit for bit "
+        "on the same kind of CPU)"
+    )
 
 
 def _equal(a, b) -> bool:

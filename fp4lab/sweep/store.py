@@ -33,8 +33,9 @@ different configs never pool. Nothing is deleted.
     metrics     long: run_id, step, metric, value (loss, grad_norm, loss_scale, eval_loss and
                 the telemetry keys quant/<layer>/<gemm>/<operand>/<stat>, grad/<layer>/<stat>)
     provenance  one row per run: run_id, numerics, code (fp4lab version and git revision),
-                jax, jaxlib, flax, device, backend, python, time_utc (when the sweep
-                that made it started)
+                jax, jaxlib, flax, device, cpu (the host's model and vector extensions; None
+                in records made before it was kept), backend, python, time_utc (when the
+                sweep that made it started)
 
 and `config_fields`, the names of the config columns of `runs`.
 """
@@ -145,9 +146,41 @@ def _git(*args: str) -> str:
         return ""
 
 
+# The vector extensions among which XLA's CPU kernels (its own code, Eigen, YNNPACK, oneDNN)
+# choose at run time: two CPUs that differ in them may sum in different orders.
+_CPU_FEATURES = (
+    "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+    "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve", "sve2",
+)  # fmt: skip
+
+
+def cpu() -> str:
+    """This host's CPU as one string: its model name and the vector extensions of
+    `_CPU_FEATURES` it has, e.g. "Intel(R) Xeon(R) Processor [avx avx2 avx512f ...]".
+
+    Read from /proc/cpuinfo where there is one (Linux), else what `platform` says. A run's
+    last bits on the CPU backend depend on these: `fl.sweep.reproduce` names both CPUs when a
+    run made on another one does not reproduce."""
+    model, flags = "", set()
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model", "hardware") and not model:
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = set(value.split())
+    model = model or platform.processor() or platform.machine() or "unknown CPU"
+    have = [f for f in _CPU_FEATURES if f in flags]
+    return f"{model} [{' '.join(have)}]" if have else model
+
+
 def provenance() -> dict[str, Any]:
     """What made a run: package versions, git revision (and whether the tree had edits),
-    numerics version, python, backend and device kind, time."""
+    numerics version, python, backend, device kind and host CPU (`cpu`), time."""
     import jax
 
     versions = {}
@@ -167,6 +200,7 @@ def provenance() -> dict[str, Any]:
         "git_dirty": bool(dirty) if rev else None,
         "backend": jax.default_backend(),
         "device": getattr(device, "device_kind", str(device)),
+        "cpu": cpu(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -365,7 +399,7 @@ def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
         metrics = pd.DataFrame({"run_id": [], "step": [], "metric": [], "value": []})
     metrics = metrics.astype({"run_id": str, "step": np.int64, "metric": str, "value": np.float64})
     columns = ["run_id", "numerics", "code", "jax", "jaxlib", "flax", "device"]
-    columns += ["backend", "python", "time_utc"]
+    columns += ["cpu", "backend", "python", "time_utc"]
     provenance_frame = pd.DataFrame(prov, columns=columns)
     return Results(
         p, runs, metrics, manifest, provenance_frame, stale, n_stale, config_fields=tuple(fields)
@@ -377,7 +411,7 @@ def _provenance_row(r: dict[str, Any]) -> dict[str, Any]:
     versions = prov.get("versions") or {}
     row = {"run_id": r["run_id"], "numerics": r.get("numerics", 1), "code": code_version(prov)}
     row |= {k: versions.get(k) for k in ("jax", "jaxlib", "flax")}
-    return row | {k: prov.get(k) for k in ("device", "backend", "python", "time_utc")}
+    return row | {k: prov.get(k) for k in ("device", "cpu", "backend", "python", "time_utc")}
 
 
 _METRICS_SCHEMA = pa.schema(

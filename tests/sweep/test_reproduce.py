@@ -42,7 +42,17 @@ def test_reproduce_gives_the_stored_bits_and_flags_a_difference(tmp_path):
     loss[-1] = np.nextafter(loss[-1], np.float32(np.inf))
     body["series"]["loss"] = loss.tolist()
     store.Store(out).write(body)
-    with pytest.raises(sweep.ReproductionError, match=rf"run {rid}: series\['loss'\] differs"):
+    with pytest.raises(sweep.ReproductionError, match=rf"run {rid}: series\['loss'\] differs") as e:
+        sweep.reproduce(out, rid)
+    assert "CPU" not in str(e.value)  # made on this CPU: no hint
+    # made on another CPU, or on one the record does not name: the error says so
+    body["provenance"]["cpu"] = "Another CPU [avx2 fma]"
+    store.Store(out).write(body)
+    with pytest.raises(sweep.ReproductionError, match=r"differs.*made on Another CPU \[avx2 fma\]"):
+        sweep.reproduce(out, rid)
+    del body["provenance"]["cpu"]
+    store.Store(out).write(body)
+    with pytest.raises(sweep.ReproductionError, match="a CPU its record does not name; this is"):
         sweep.reproduce(out, rid)
     with pytest.raises(sweep.ReproductionError, match="no valid record"):
         sweep.reproduce(out, "0" * 16)

@@ -157,6 +157,7 @@ def test_run_id_covers_the_data_file_and_the_numerics_version(tmp_path, monkeypa
     prov = record["provenance"]
     assert prov["versions"]["fp4lab"] and prov["versions"]["jaxlib"] and prov["versions"]["flax"]
     assert prov["device"] and "git_revision" in prov
+    assert prov["cpu"] == store.cpu() and store.load(out).provenance["cpu"].iloc[0] == prov["cpu"]
     text.unlink()
     with pytest.raises(sweep.ExperimentError, match=r"exp.py:\d+: cell .*t.txt.*cannot read"):
         sweep.load_experiment(path)
