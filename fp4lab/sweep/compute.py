@@ -94,7 +94,8 @@ def compute_cell(
     every: int | None = None,
 ) -> list[dict]:
     """Runs the seeds of one cell; returns one dict per seed: summary, series, telemetry, wall_s
-    (run seconds per seed) and compile_s (the cell's compile seconds, 0 when cached).
+    (run seconds per seed), compile_s (the cell's compile seconds, 0 when cached) and cpu (the
+    CPU that computed it, `fp4lab.sweep.store.cpu`: a worker's, not the driver's).
 
     Seeds run in vmapped calls of `seed_batch` (the last call padded with the first seed), so
     each seed's numbers are bit-identical whichever seeds share its call. Takes and returns only
@@ -111,10 +112,12 @@ def compute_cell(
     import jax  # lazy: the trainer and jax load on the first cell (see the module docstring)
     import jax.numpy as jnp
 
+    from fp4lab.sweep.store import cpu
     from fp4lab.train import tasks, trainer
     from fp4lab.train.summary import summarize
 
     cfg = Config.from_dict(config)
+    host = cpu()
     task = tasks.make_task(cfg)
     out = []
     width = cfg.seed_batch
@@ -148,7 +151,15 @@ def compute_cell(
             summary["compile_s"] = 0.0 if cached else compile_s
             series = {k: one[k] for k in ("loss", "grad_norm", "loss_scale")}
             tel = {"steps": trainer.log_steps(cfg), "metrics": one["telemetry"]}
-            out.append({"summary": summary, "series": series, "telemetry": tel, "wall_s": wall})
+            out.append(
+                {
+                    "summary": summary,
+                    "series": series,
+                    "telemetry": tel,
+                    "wall_s": wall,
+                    "cpu": host,
+                }
+            )
     return out
 
 

@@ -338,7 +338,10 @@ def _records(experiment, cell, seeds, results, error=None, prov=None) -> Iterabl
             "provenance": prov,
         }
         if error is None:
-            rec |= {"status": "ok"} | results[i]
+            result = dict(results[i])
+            if "cpu" in result:  # the CPU that computed it (a Ray worker's), not the driver's
+                rec["provenance"] = {**(prov or {}), "cpu": result.pop("cpu")}
+            rec |= {"status": "ok"} | result
         else:
             rec |= {"status": "failed", "error": error, "summary": {}, "wall_s": math.nan}
         yield rec

@@ -163,6 +163,16 @@ def test_run_id_covers_the_data_file_and_the_numerics_version(tmp_path, monkeypa
         sweep.load_experiment(path)
 
 
+def test_a_record_names_the_cpu_that_computed_it_not_the_drivers(tmp_path):
+    def on_a_worker(config, seeds):  # as compute_cell on another host (a Ray worker)
+        return [r | {"cpu": "Worker CPU [avx2]"} for r in fake_compute(config, seeds)]
+
+    out = tmp_path / "res"
+    assert run(write_experiment(tmp_path, 'add("x", seeds=1)'), out, compute=on_a_worker)["done"]
+    (record,) = store.Store(out).records()
+    assert record["provenance"]["cpu"] == "Worker CPU [avx2]" and "cpu" not in record
+
+
 def restamp(out: Path, code: str) -> None:
     """Rewrites every record of `out` as if fp4lab `code` had made it."""
     st = store.Store(out)
