@@ -267,23 +267,23 @@ class Gemm:
 
     def forward(self, lhs, rhs, aux):
         """y, or (y, forward statistics) with telemetry. aux = (key, amax)."""
-        key, amax = aux
-        x_hat, w_hat, stats = self.fprop_operands(
-            lhs, rhs, operand_keys(key), amax, rotated=True, stats=self.telemetry
-        )
-        y = self.gemm(x_hat, w_hat)
-        return (y, stats) if self.telemetry else y
+        return self._fprop(lhs, rhs, aux)[0]
 
     def forward_saving(self, lhs, rhs, aux):
         """(`forward`'s output, what the backward keeps of it): Fprop's w_hat where
         `shares_weight` holds, else None."""
         if not self.shares_weight(lhs.shape, rhs.shape):
             return self.forward(lhs, rhs, aux), None
+        return self._fprop(lhs, rhs, aux)
+
+    def _fprop(self, lhs, rhs, aux):
+        """(`forward`'s output, Fprop's w_hat) of the simulated Fprop."""
         key, amax = aux
-        x_hat, w_hat, _ = self.fprop_operands(
-            lhs, rhs, operand_keys(key), amax, rotated=True, stats=False
+        x_hat, w_hat, stats = self.fprop_operands(
+            lhs, rhs, operand_keys(key), amax, rotated=True, stats=self.telemetry
         )
-        return self.gemm(x_hat, w_hat), w_hat
+        y = self.gemm(x_hat, w_hat)
+        return ((y, stats) if self.telemetry else y), w_hat
 
     def grads(self, lhs, rhs, g, aux, w_hat=None):
         """(dx, dw, backward statistics or None): Dgrad and Wgrad on the chosen operands;
