@@ -70,17 +70,18 @@ def reproduce(folder: str | os.PathLike, run_id: str, *, check: bool = True) -> 
         try:
             _compare(run_id, record, fresh)
         except ReproductionError as e:
-            raise ReproductionError(f"{e}{_host_hint(record)}") from None
+            raise ReproductionError(f"{e}{_host_hint(record, fresh['cpu'])}") from None
     return fresh
 
 
-def _host_hint(record: dict) -> str:
-    """Why numbers may differ although code, versions and seeds agree: the CPU. XLA's CPU
-    kernels pick their vector code by the instruction set, and their sums' order with it."""
+def _host_hint(record: dict, here: str) -> str:
+    """Why numbers may differ although code, versions and seeds agree: the CPU (`here`: the
+    one that recomputed the run). XLA's CPU kernels pick their vector code by the instruction
+    set, and their sums' order with it."""
     prov = record.get("provenance") or {}
     if prov.get("backend") not in (None, "cpu"):
         return ""
-    made, here = prov.get("cpu"), results_store.cpu()
+    made = prov.get("cpu")
     if made == here:
         return ""
     where = f"made on {made}" if made else "made on a CPU its record does not name"
