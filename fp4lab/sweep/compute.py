@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fp4lab.schema import STREAMS
+from fp4lab.sweep.store import cpu
 from fp4lab.train.config import Config
 
 __all__ = ["compute_cell", "clear_cache", "progress_every", "use_compile_cache"]
@@ -112,7 +113,6 @@ def compute_cell(
     import jax  # lazy: the trainer and jax load on the first cell (see the module docstring)
     import jax.numpy as jnp
 
-    from fp4lab.sweep.store import cpu
     from fp4lab.train import tasks, trainer
     from fp4lab.train.summary import summarize
 
