@@ -59,6 +59,8 @@ def get_config():
         warmup=20,
         eval_batches=4,
         telemetry_every=50,
+        # the statistics these committed results were recorded with (fp4lab.core.stats)
+        telemetry_stats="reference",
     )
 
 

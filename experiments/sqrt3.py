@@ -49,6 +49,8 @@ def get_config():
         eval_batches=4,
         telemetry_every=25,
         shadow=True,
+        # the statistics these committed results were recorded with (fp4lab.core.stats)
+        telemetry_stats="reference",
         recipe="nvfp4",
     )
 

@@ -10,6 +10,8 @@
                    tables; GRAD_STATS the per-parameter shadow statistics; ACC_STATS the
                    accumulated-drift statistics of an op's output (fwd) and its cotangent (bwd)
     SQRT3          the gradient-to-noise threshold of Chmiel et al. 2025 (arXiv 2505.19115)
+    RECORDED_BEFORE  config fields added after run records were first stored, with the value
+                   every record made before the field existed was computed with
 
 Metric keys are flat "/"-separated strings that map one to one onto tidy rows:
 
@@ -47,6 +49,7 @@ __all__ = [
     "ACC_STATS",
     "ACC_OPERANDS",
     "SQRT3",
+    "RECORDED_BEFORE",
     "MetricKey",
     "operand_name",
     "quant_key",
@@ -85,6 +88,12 @@ GRAD_STATS = ("cos", "rel_norm", "gnr", "below_sqrt3")
 ACC_STATS = {"fwd": ("rel_drift", "local"), "bwd": ("rel_drift", "cos")}
 ACC_OPERANDS = {"fwd": "y", "bwd": "dy"}  # what each direction compares (a tidy row's operand)
 SQRT3 = math.sqrt(3.0)  # training stalls below ||g|| / ||g_q - g|| = sqrt(3) (Chmiel et al. 2025)
+
+# `Config.from_dict` reads a stored config that lacks one of these fields with this value, and
+# the store leaves the field out of run ids at it, so the records made before the field keep
+# their ids and reproduce. A field whose default is another value (telemetry_stats: "fused")
+# gives new runs new ids; experiment files of committed results pin the old value.
+RECORDED_BEFORE: dict[str, Any] = {"scan_layers": False, "telemetry_stats": "reference"}
 
 
 class MetricKey(NamedTuple):

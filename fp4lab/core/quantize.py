@@ -12,7 +12,9 @@ the axis before it (after moving `axis` last), as weight tiles of 16x16 do.
 The blocks API is what `quantize`, `quantize_dequantize` and the statistics of
 `fp4lab.core.stats` are built from: `quantize_blocks` (the prepared input and its scaled grid
 values in the blocked view), `grid_values`, `dequantize_blocks` and `restore` (back to the
-input's layout).
+input's layout); `quantize_view` and `restore_view` are the same with the blocks taken where
+they lie along an inner axis (no transposes), as `quantize_dequantize` and the fused
+statistics take them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ __all__ = [
     "quantize_dequantize",
     "fake_quant",
     "quantize_blocks",
+    "quantize_view",
+    "restore_view",
     "dequantize_blocks",
     "grid_values",
     "restore",
@@ -201,6 +205,25 @@ def quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
     use them directly.
     """
     return _quantize_blocks(x, spec, key, transform_key, amax, in_place=False)[:4]
+
+
+def quantize_view(x, spec: QuantSpec, key, transform_key, amax):
+    """`quantize_blocks` in the cheapest blocked view: (xb, scaled, scope, transform key, view).
+
+    Along an inner axis that can be blocked where it lies (`_in_place`), xb is the in-place
+    view (P, L/tx, tx, Q/ty, ty) and `view` its sizes; otherwise xb is the moved layout's
+    (..., R/ty, ty, K/tx, tx) and `view` is None. Either way the block axes are the third and
+    the first from the end, and the values are the same bit for bit (`tests/core/test_in_place`).
+    `restore_view` takes a blocked x_hat back to x's layout.
+    """
+    return _quantize_blocks(x, spec, key, transform_key, amax, in_place=True)
+
+
+def restore_view(xhat_b, spec: QuantSpec, shape, dtype, transform_key, rotated, view):
+    """x_hat of `quantize_view`'s blocked view back in `shape` and `dtype` (as `restore`)."""
+    if view is not None:
+        return _restore_in_place(xhat_b, spec, shape, dtype, transform_key, rotated, view)
+    return restore(scaling.unblock(xhat_b), spec, shape, dtype, transform_key, rotated)
 
 
 def _in_place(shape: tuple, spec: QuantSpec):
@@ -382,13 +405,9 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
 @functools.partial(jax.jit, static_argnames=("spec", "rotated"))
 def _quantize_dequantize(x, spec, key, transform_key, amax, rotated):
     x = jnp.asarray(x)
-    xb, scaled, scope, transform_key, view = _quantize_blocks(
-        x, spec, key, transform_key, amax, in_place=True
-    )
+    xb, scaled, scope, transform_key, view = quantize_view(x, spec, key, transform_key, amax)
     xhat_b = dequantize_blocks(scaled, formats.get_format(spec.elem), scope)
-    if view is not None:
-        return _restore_in_place(xhat_b, spec, x.shape, x.dtype, transform_key, rotated, view)
-    return restore(scaling.unblock(xhat_b), spec, x.shape, x.dtype, transform_key, rotated)
+    return restore_view(xhat_b, spec, x.shape, x.dtype, transform_key, rotated, view)
 
 
 def dequantize_blocks(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope) -> jax.Array:

@@ -8,8 +8,25 @@
     map4        #(blocks that chose map-to-4) / #blocks    four-over-six only (else 0)
 
 in the order of `fp4lab.schema.STATS`, after any Hadamard rotation. The quantizer's own blocks
-(`fp4lab.core.quantize.quantize_blocks`) are measured, so x_hat is bit for bit what
-`quantize(...).dequantize(rotated=True)` gives.
+are measured, so x_hat is bit for bit what `quantize(...).dequantize(rotated=True)` gives.
+
+Two methods compute them (`operand_stats(..., method=)`):
+
+    "fused"      the default: one pass over x, x_hat and the grid values in the quantizer's
+                 blocked view (`quantize_view`: an inner axis blocked where it lies), by a C++
+                 kernel on the CPU (`fp4lab.core.cpu_kernels`). The float sums run in double
+                 precision, so rel_err and bias are the float32 roundings of nearly exact
+                 values; both are NaN for an operand holding a NaN or an infinity.
+    "reference"  the jnp formulas, float32 sums in the order XLA gives them, in the moved
+                 layout: what fp4lab recorded before the fused statistics, and still what runs
+                 that ask for it (`Config.telemetry_stats`) record, bit for bit. A NaN or an
+                 infinity in the operand gives rel_err and bias 0 here, as it always did.
+
+The counts behind flush, saturated, underflow and map4 are exact under both methods; "fused"
+divides them correctly rounded, where the reference's means multiply by a rounded 1/n (so the
+fractions may differ in their last bit). The float statistics agree to float32 rounding.
+Where the kernel cannot run (another backend, or a CPU without a C++ compiler: a warning says
+so once), "fused" computes the reference formulas.
 
 Two comparisons of a tensor with a reference, for the drift telemetry:
 
@@ -20,28 +37,75 @@ Two comparisons of a tensor with a reference, for the drift telemetry:
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
 
-from fp4lab.core import formats, scaling
-from fp4lab.core.quantize import dequantize_blocks, grid_values, quantize_blocks, restore
+from fp4lab.core import cpu_kernels, formats, scaling
+from fp4lab.core.quantize import (
+    dequantize_blocks,
+    grid_values,
+    quantize_blocks,
+    quantize_view,
+    restore,
+    restore_view,
+)
 from fp4lab.core.spec import QuantSpec
 
-__all__ = ["operand_stats", "relative_drift", "cosine"]
+__all__ = ["METHODS", "operand_stats", "relative_drift", "cosine"]
+
+METHODS = ("fused", "reference")  # operand_stats(method=...): see the module docstring
 
 
-@functools.partial(jax.jit, static_argnames="spec")
-def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None, amax=None):
+def operand_stats(
+    a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None, amax=None, method="fused"
+):
     """Quantizes `a` under `spec` and measures the error.
 
     Args:
       a, spec, key, transform_key, amax: as `fp4lab.quantize`.
+      method: "fused" or "reference" (the module docstring says how they differ).
     Returns:
       (x_hat, stats): x_hat as `quantize(...).dequantize(rotated=True)` gives it, and a float32
       vector with the entries of `fp4lab.schema.STATS`.
     """
+    if method not in METHODS:
+        raise ValueError(f"operand_stats: method={method!r}; choose one of {METHODS}")
+    if method == "fused" and not _kernel_here():
+        method = "reference"
+    return _operand_stats(a, spec, key, transform_key, amax, method)
+
+
+_warned = []
+
+
+def _kernel_here() -> bool:
+    """Whether the fused kernel runs here: on the CPU backend, once it is built."""
+    if jax.default_backend() != "cpu":
+        return False
+    if cpu_kernels.available():
+        return True
+    if not _warned:
+        _warned.append(True)
+        warnings.warn(
+            "fp4lab: the fused telemetry statistics fall back to the reference formulas (float "
+            f"sums in float32, so their last bits differ): {cpu_kernels.build_error()}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return False
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "method"))
+def _operand_stats(a, spec, key, transform_key, amax, method):
     a = jnp.asarray(a)
+    if method == "fused":
+        return _fused(a, spec, key, transform_key, amax)
+    return _reference(a, spec, key, transform_key, amax)
+
+
+def _reference(a, spec, key, transform_key, amax):
     xb, scaled, scope, transform_key = quantize_blocks(a, spec, key, transform_key, amax)
     fmt = formats.get_format(spec.elem)
     vals_b = grid_values(scaled.q, fmt)
@@ -61,6 +125,18 @@ def operand_stats(a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None
     map4 = jnp.float32(0.0) if scaled.map4 is None else jnp.mean(scaled.map4)
     stats = jnp.stack([rel, bias, flush, saturated, underflow, map4]).astype(jnp.float32)
     x_hat = restore(scaling.unblock(xhat_b), spec, a.shape, a.dtype, transform_key, rotated=True)
+    return x_hat, stats
+
+
+def _fused(a, spec, key, transform_key, amax):
+    xb, scaled, scope, transform_key, view = quantize_view(a, spec, key, transform_key, amax)
+    fmt = formats.get_format(spec.elem)
+    vals_b = grid_values(scaled.q, fmt)
+    xhat_b = dequantize_blocks(scaled, fmt, scope)
+    five = cpu_kernels.block_stats(xb, xhat_b, vals_b, fmt.max)
+    map4 = jnp.float32(0.0) if scaled.map4 is None else jnp.mean(scaled.map4)
+    stats = jnp.concatenate([five, map4.astype(jnp.float32)[None]])
+    x_hat = restore_view(xhat_b, spec, a.shape, a.dtype, transform_key, True, view)
     return x_hat, stats
 
 

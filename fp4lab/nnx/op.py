@@ -39,6 +39,7 @@ from fp4lab.core.stats import relative_drift
 from fp4lab.nnx.state import AmaxHistory, GradProbe, LayerIndex, OpStats, QuantKey
 from fp4lab.ops.conv import qconv_general_dilated
 from fp4lab.ops.dot_general import qdot_general
+from fp4lab.ops.plan import check_stats_method
 from fp4lab.schema import BWD_OPERANDS, FWD_OPERANDS, STATS
 
 __all__ = [
@@ -92,7 +93,7 @@ class QuantizedOp(nnx.Module):
         key: jax.Array | None,
         original=None,
         backend: str = "simulated",
-        telemetry: bool = False,
+        telemetry: bool | str = False,
         *,
         layers: tuple[tuple[str, recipes.GemmRecipe | None], ...] = (),
     ):
@@ -130,7 +131,9 @@ class QuantizedOp(nnx.Module):
             setattr(self, f"amax_{name}", hist)
         self.layer = LayerIndex(jnp.arange(len(self.layers), dtype=jnp.int32)) if lead else None
         # telemetry: the gradient channel and the latest forward statistics
-        self.measure = telemetry  # static: telemetry.set_enabled switches it per step
+        self.measure = bool(telemetry)  # static: telemetry.set_enabled switches it per step
+        # static: how the statistics are computed (True: the default method)
+        self.stats_method = check_stats_method("fused" if telemetry in (True, False) else telemetry)
         if telemetry:
             n, c = len(STATS), self.calls
             self.probe = GradProbe(jnp.zeros((*lead, c, len(BWD_OPERANDS), n), jnp.float32))
@@ -259,7 +262,7 @@ class QuantizedOp(nnx.Module):
             if probe is None:
                 return y
             return y, jnp.zeros((len(FWD_OPERANDS), len(STATS)), jnp.float32)
-        kw = dict(key=key, backend=self.backend, probe=probe, amax=amax)
+        kw = dict(key=key, backend=self.backend, probe=probe, amax=amax, stats=self.stats_method)
         return qdot_general(lhs, rhs, recipe=recipe, **kw, **dot_args)
 
     def einsum(
@@ -317,7 +320,9 @@ class QuantizedConv(QuantizedOp):
             quantized = functools.partial(conv, *inputs, *args[2:], **kwargs)
             return self._shadow(plain(*args, **kwargs), quantized, 0)
         probe = self._probe(0)
-        out = qconv_general_dilated(*args, recipe=self.recipe, key=key, probe=probe, **kwargs)
+        out = qconv_general_dilated(
+            *args, recipe=self.recipe, key=key, probe=probe, stats=self.stats_method, **kwargs
+        )
         return self._record(out, probe, 0)
 
 

@@ -111,7 +111,7 @@ def quantize_model(
     *,
     key: jax.Array | None = None,
     backend: str = "simulated",
-    telemetry: bool = False,
+    telemetry: bool | str = False,
 ) -> nnx.Module:
     """Puts every matching GEMM of an unmodified nnx model under its rule's recipe, in place.
 
@@ -124,7 +124,8 @@ def quantize_model(
         random Hadamard signs.
       backend: "simulated", "native" or "auto" for the forward GEMMs (fp4lab.ops.native).
       telemetry: measure operand statistics of every quantized GEMM (fp4lab.nnx.telemetry); off,
-        it costs nothing.
+        it costs nothing. True computes them by the default method ("fused"); a method's name
+        ("fused", "reference": `fp4lab.core.stats.METHODS`) picks one.
     Returns:
       The same model. A rule that matches nothing triggers a warning.
     """

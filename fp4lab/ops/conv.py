@@ -22,7 +22,7 @@ from jax import lax
 from fp4lab.core import recipes
 from fp4lab.ops import scaffold
 from fp4lab.ops.layout import ConvLayout
-from fp4lab.ops.plan import Gemm, resolve_recipe
+from fp4lab.ops.plan import Gemm, check_stats_method, resolve_recipe
 
 __all__ = ["qconv_general_dilated", "ConvGemm"]
 
@@ -64,11 +64,13 @@ def qconv_general_dilated(
     recipe: recipes.GemmRecipe | str | None,
     key=None,
     probe=None,
+    stats: str = "fused",
 ):
     """`lax.conv_general_dilated` with Fprop, Dgrad and Wgrad quantized as `recipe` says.
 
     `probe` is telemetry's gradient channel, as in `qdot_general`: when given, returns
-    (y, forward statistics) and the probe's cotangent carries the backward statistics.
+    (y, forward statistics) and the probe's cotangent carries the backward statistics;
+    `stats` says how they are computed (`fp4lab.core.stats.METHODS`).
     """
     if out_sharding is not None:
         raise ValueError("qconv_general_dilated does not support out_sharding")
@@ -98,6 +100,7 @@ def qconv_general_dilated(
     gemm = ConvGemm(
         recipe=recipe,
         telemetry=probe is not None,
+        stats=check_stats_method(stats),
         kwargs=tuple(sorted((k, _hashable(v)) for k, v in kwargs.items())),
         conv_layout=conv_layout,
     )

@@ -18,7 +18,7 @@ from jax import lax
 from fp4lab.core import recipes
 from fp4lab.ops import layout, native, scaffold
 from fp4lab.ops.layout import DotLayout
-from fp4lab.ops.plan import Gemm, operand_keys, resolve_recipe
+from fp4lab.ops.plan import Gemm, check_stats_method, operand_keys, resolve_recipe
 
 __all__ = ["qdot_general", "DotGemm"]
 
@@ -120,6 +120,7 @@ def qdot_general(
     backend: str = "simulated",
     probe=None,
     amax: dict | None = None,
+    stats: str = "fused",
 ):
     """`lax.dot_general` with the three GEMMs of training quantized as `recipe` says.
 
@@ -136,6 +137,7 @@ def qdot_general(
       probe: telemetry. A zero float32 array of shape (len(BWD_OPERANDS), len(STATS)) of
         `fp4lab.schema`; when given, returns (y, forward statistics (2, len(STATS))) and the
         probe's cotangent carries the backward statistics (Dgrad dy, Dgrad w, Wgrad x, Wgrad dy).
+      stats: how the telemetry computes the statistics, `fp4lab.core.stats.METHODS`.
       amax: delayed scaling, {"x": amax, "w": amax}: the outer-scale amax to use for the
         lhs / rhs in every GEMM whose spec has amax_history > 0 (`fp4lab.nnx` keeps the
         histories); default: current scaling.
@@ -150,6 +152,7 @@ def qdot_general(
     gemm = DotGemm(
         recipe=recipe,
         telemetry=probe is not None,
+        stats=check_stats_method(stats),
         dimension_numbers=dn,
         precision=precision,
         preferred_element_type=preferred_element_type,

@@ -40,11 +40,11 @@ import jax.numpy as jnp
 from fp4lab.core import hadamard, recipes
 from fp4lab.core.quantize import quantize_dequantize
 from fp4lab.core.spec import QuantSpec
-from fp4lab.core.stats import operand_stats
+from fp4lab.core.stats import METHODS, operand_stats
 from fp4lab.ops import layout
 from fp4lab.schema import BWD_OPERANDS, OPERAND_NAMES, STATS
 
-__all__ = ["Gemm", "operand_keys", "quantize_operand", "resolve_recipe"]
+__all__ = ["Gemm", "check_stats_method", "operand_keys", "quantize_operand", "resolve_recipe"]
 
 _TRANSFORM_INDEX = {"fprop": 100, "dgrad": 101, "wgrad": 102}
 
@@ -55,6 +55,13 @@ def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
     ks = {name: jax.random.fold_in(key, i) for i, name in enumerate(OPERAND_NAMES)}
     ks |= {f"{g}_transform": jax.random.fold_in(key, i) for g, i in _TRANSFORM_INDEX.items()}
     return ks
+
+
+def check_stats_method(method: str) -> str:
+    """`method` when it names a way to compute the statistics (`fp4lab.core.stats.METHODS`)."""
+    if method not in METHODS:
+        raise ValueError(f"stats={method!r}: choose one of {METHODS}")
+    return method
 
 
 def resolve_recipe(recipe, key) -> tuple[recipes.GemmRecipe, jax.Array]:
@@ -77,17 +84,27 @@ def _along(a, axis: int, fn):
 
 
 def quantize_operand(
-    a, spec: QuantSpec | None, axis: int, transform, key, tkey, stats: bool, amax=None, name=""
+    a,
+    spec: QuantSpec | None,
+    axis: int,
+    transform,
+    key,
+    tkey,
+    stats: bool,
+    amax=None,
+    name="",
+    method="fused",
 ):
     """Quantize-dequantize one operand along `axis`, rotated by its GEMM's transform.
 
-    Returns (x_hat in the rotated domain, statistics or None); the statistics are zeros for an
-    unquantized operand. `amax` (delayed scaling) is used only where the spec asks for it. A
-    shape the tile or rotation cannot block raises a ValueError that names the operand `name`
-    (e.g. "wgrad_x": the Wgrad GEMM's x), the axis and the shape in the op's layout.
+    Returns (x_hat in the rotated domain, statistics or None); the statistics (computed by
+    `method`, see `fp4lab.core.stats`) are zeros for an unquantized operand. `amax` (delayed
+    scaling) is used only where the spec asks for it. A shape the tile or rotation cannot block
+    raises a ValueError that names the operand `name` (e.g. "wgrad_x": the Wgrad GEMM's x), the
+    axis and the shape in the op's layout.
     """
     try:
-        return _quantize_operand(a, spec, axis, transform, key, tkey, stats, amax)
+        return _quantize_operand(a, spec, axis, transform, key, tkey, stats, amax, method)
     except ValueError as e:
         if not name:
             raise
@@ -98,7 +115,7 @@ def quantize_operand(
         ) from e
 
 
-def _quantize_operand(a, spec, axis, transform, key, tkey, stats, amax):
+def _quantize_operand(a, spec, axis, transform, key, tkey, stats, amax, method):
     none = jnp.zeros(len(STATS), jnp.float32) if stats else None
     if spec is None and transform is None:
         return a, none
@@ -108,7 +125,7 @@ def _quantize_operand(a, spec, axis, transform, key, tkey, stats, amax):
     spec = spec.replace(axis=axis, transform=transform)
     amax = amax if spec.amax_history else None
     if stats:
-        return operand_stats(a, spec, key=key, transform_key=tkey, amax=amax)
+        return operand_stats(a, spec, key=key, transform_key=tkey, amax=amax, method=method)
     return quantize_dequantize(a, spec, key=key, transform_key=tkey, amax=amax, rotated=True), None
 
 
@@ -122,6 +139,7 @@ class Gemm:
 
     recipe: recipes.GemmRecipe
     telemetry: bool = False  # measure operand statistics (forward output, backward probe)
+    stats: str = "fused"  # how: `fp4lab.core.stats.METHODS`
 
     def gemm(self, a, b):
         """The op on (dequantized) operands, e.g. lax.dot_general with fixed arguments."""
@@ -148,6 +166,7 @@ class Gemm:
             stats,
             amax.get("x"),
             "fprop_x",
+            self.stats,
         )
         w, sw = quantize_operand(
             lay.rhs_to(rhs),
@@ -159,6 +178,7 @@ class Gemm:
             stats,
             amax.get("w"),
             "fprop_w",
+            self.stats,
         )
         if t is not None and not rotated:
             x = _along(x, ax, lambda m: hadamard.unrotate(m, t, tkey)).astype(lhs.dtype)
@@ -234,13 +254,14 @@ class Gemm:
         td, tw = r.transform("dgrad"), r.transform("wgrad")
         kd, kw = keys["dgrad_transform"], keys["wgrad_transform"]
         axes = lay.axes
+        m = self.stats
         dy_d, s0 = quantize_operand(
-            dy, r.dgrad_dy, axes["dgrad_dy"], td, keys["dgrad_dy"], kd, on, None, "dgrad_dy"
+            dy, r.dgrad_dy, axes["dgrad_dy"], td, keys["dgrad_dy"], kd, on, None, "dgrad_dy", m
         )
         if w_hat is None:
             w_d, s1 = quantize_operand(
                 lay.rhs_to(rhs), r.dgrad_w, axes["dgrad_w"], td, keys["dgrad_w"], kd, on,
-                amax.get("w"), "dgrad_w",
+                amax.get("w"), "dgrad_w", m,
             )  # fmt: skip
             w_d = lay.rhs_from(w_d)
         else:
@@ -253,10 +274,10 @@ class Gemm:
             x3 = layout.pad_tokens(x3, tx_axis, padded)
             dy = layout.pad_tokens(dy, tdy_axis, padded)
         x_w, s2 = quantize_operand(
-            x3, r.wgrad_x, axes["wgrad_x"], tw, keys["wgrad_x"], kw, on, amax.get("x"), "wgrad_x"
+            x3, r.wgrad_x, axes["wgrad_x"], tw, keys["wgrad_x"], kw, on, amax.get("x"), "wgrad_x", m
         )
         dy_w, s3 = quantize_operand(
-            dy, r.wgrad_dy, axes["wgrad_dy"], tw, keys["wgrad_dy"], kw, on, None, "wgrad_dy"
+            dy, r.wgrad_dy, axes["wgrad_dy"], tw, keys["wgrad_dy"], kw, on, None, "wgrad_dy", m
         )
         if padded != tokens:  # stays in the op's layout, padded: `grads` contracts it there
             x_w, dy_w = _Padded(x_w), _Padded(dy_w)

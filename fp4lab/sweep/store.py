@@ -51,6 +51,7 @@ import os
 import platform
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fp4lab.schema import SEED_COLUMNS, STREAMS
+from fp4lab.schema import RECORDED_BEFORE, SEED_COLUMNS, STREAMS
 from fp4lab.sweep.records import (
     SCHEMA,
     CorruptRecord,
@@ -77,11 +78,13 @@ __all__ = [
     "SCHEMA",
     "CorruptRecord",
     "ID_DEFAULTS",
+    "INERT",
     "Results",
     "Store",
     "StoreError",
     "code_version",
     "config_id",
+    "identity",
     "data_hashes",
     "label_runs",
     "load",
@@ -93,11 +96,18 @@ __all__ = [
 # fixed bug in a quantizer, a different data sampler): every run id changes with it, so a rerun
 # recomputes everything and the older records become stale instead of being reused.
 NUMERICS_VERSION = 2  # 2: pass-through casts (bf16, fp16) no longer droppable by XLA
-# Config fields added after results were first stored, with the default that reproduces the
-# numbers from before the field existed: left out of the run id while they hold that default,
-# so adding a field does not turn every stored run stale. Add a field here when it is added
-# to Config with such a default; a field that changes numbers by default bumps NUMERICS_VERSION.
-ID_DEFAULTS: dict[str, Any] = {"scan_layers": False}
+# Config fields added after results were first stored, with the value the records made before
+# them were computed with (`fp4lab.schema.RECORDED_BEFORE`): left out of the run id at that
+# value, so adding a field does not turn every stored run stale. A field whose Config default
+# is that value changes nothing; one whose default differs (telemetry_stats) gives new runs
+# new ids while experiment files that pin the old value keep theirs. A change to the numbers
+# that no field chooses bumps NUMERICS_VERSION.
+ID_DEFAULTS: dict[str, Any] = RECORDED_BEFORE
+# Fields that decide nothing in some configs (the statistics' method of a run without
+# telemetry): left out of the id there, and shown at their ID default.
+INERT: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "telemetry_stats": lambda config: not config.get("telemetry_every"),
+}
 _PACKAGES = ("fp4lab", "jax", "jaxlib", "flax", "optax", "ml_dtypes", "numpy")
 _DATA_FIELDS = {"text": "text_path"}  # task -> the config field naming its data file
 
@@ -114,10 +124,20 @@ def data_hashes(config: dict[str, Any]) -> dict[str, str]:
     return {field: hashlib.sha256(Path(config[field]).read_bytes()).hexdigest()}
 
 
+def identity(config: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a resolved config that decide its numbers: all but the `ID_DEFAULTS`
+    fields at their defaults and the `INERT` fields where they decide nothing."""
+    return {
+        k: v
+        for k, v in config.items()
+        if not (k in ID_DEFAULTS and v == ID_DEFAULTS[k]) and not (k in INERT and INERT[k](config))
+    }
+
+
 def config_id(config: dict[str, Any], data: dict[str, str] | None = None) -> str:
     """A 12-hex hash of what decides a run's numbers except its seeds: its config, data
     hashes and numerics version (runs of one cell share it)."""
-    payload = {"config": config, "data": data or {}, "numerics": NUMERICS_VERSION}
+    payload = {"config": identity(config), "data": data or {}, "numerics": NUMERICS_VERSION}
     return hashlib.sha256(canonical(payload).encode()).hexdigest()[:12]
 
 
@@ -127,8 +147,7 @@ def run_id(
     """The id of a run, 16 hex: sha256 of its resolved config (less the `ID_DEFAULTS` fields at
     their defaults), its seeds (init, data, quant), the content hashes of its data files
     (`data_hashes`) and `NUMERICS_VERSION`."""
-    config = {k: v for k, v in config.items() if k not in ID_DEFAULTS or v != ID_DEFAULTS[k]}
-    payload = {"config": config, "seeds": [int(s) for s in seeds], "schema": 1}
+    payload = {"config": identity(config), "seeds": [int(s) for s in seeds], "schema": 1}
     if data:
         payload["data"] = data
     if NUMERICS_VERSION != 1:  # version 1 left out: the ids of the first stored results stay
@@ -380,7 +399,7 @@ def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
         row = {"run_id": r["run_id"], "experiment": name, "cell": label}
         row["status"] = r["status"]
         row |= {col: seeds[s] for s, col in zip(STREAMS, SEED_COLUMNS, strict=True)}
-        row |= {k: _config_value(v) for k, v in (ID_DEFAULTS | r["config"]).items()}
+        row |= {k: _config_value(v) for k, v in (ID_DEFAULTS | identity(r["config"])).items()}
         fields |= dict.fromkeys(r["config"]) | dict.fromkeys(ID_DEFAULTS)
         row |= r.get("summary") or {}
         row["wall_s"] = r.get("wall_s", np.nan)

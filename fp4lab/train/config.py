@@ -42,7 +42,8 @@ from fp4lab import schema
 from fp4lab.core import recipes
 from fp4lab.core.recipes import GemmRecipe
 from fp4lab.core.spec import QuantSpec
-from fp4lab.schema import BACKENDS
+from fp4lab.core.stats import METHODS as STATS_METHODS
+from fp4lab.schema import BACKENDS, RECORDED_BEFORE
 
 __all__ = [
     "Config",
@@ -162,6 +163,9 @@ class Config:
     # measurement
     telemetry_every: int = 0  # operand statistics every k steps (0: off)
     shadow: bool = False  # with telemetry: also the high-precision shadow (grad/, acc/ metrics)
+    # how the operand statistics are computed (fp4lab.core.stats): "fused" (one pass, float64
+    # sums) or "reference" (the jnp formulas: what runs recorded before "fused" existed)
+    telemetry_stats: str = "fused"
     eval_batches: int = 8  # held-out batches at the end (0: final loss = last 10 % of train)
     spike_factor: float = 5.0  # divergence: loss above this many times the running median
     spike_window: int = 20  # ... of the last this many steps
@@ -181,6 +185,7 @@ class Config:
         _choice("loss_scaling", self.loss_scaling, LOSS_SCALING)
         _choice("dtype", self.dtype, DTYPES)
         _choice("backend", self.backend, BACKENDS)
+        _choice("telemetry_stats", self.telemetry_stats, STATS_METHODS)
         for name, rule in _NUMBERS.items():
             schema.check_number("Config", name, getattr(self, name), error=ConfigError, **rule)
         for name in ("hidden", "teacher_hidden"):
@@ -292,8 +297,10 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Config:
-        """The config `to_dict` wrote (a run record's "config")."""
-        return make(d)
+        """The config `to_dict` wrote (a run record's "config"); a field that a record made
+        before the field existed lacks takes the value it was made with
+        (`fp4lab.schema.RECORDED_BEFORE`)."""
+        return make(RECORDED_BEFORE | d)
 
 
 def jsonable(value: Any) -> Any:

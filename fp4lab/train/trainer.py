@@ -193,7 +193,7 @@ def _run_phase(
         rules,
         key=jax.random.fold_in(keys["quant"], p),
         backend=cfg.backend,
-        telemetry=bool(every),
+        telemetry=cfg.telemetry_stats if every else False,
     )
     graph_off, _, rest = nnx.split(model, nnx.Param, ...)
     graph_on = None

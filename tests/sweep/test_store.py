@@ -319,6 +319,26 @@ def test_a_field_added_at_its_old_default_keeps_the_stored_run_ids():
     old = {k: v for k, v in new.items() if k not in store.ID_DEFAULTS}  # stored before them
     assert store.run_id(new, (0, 0, 0)) == store.run_id(old, (0, 0, 0))
     for field, default in store.ID_DEFAULTS.items():
+        if field in store.INERT:  # decides nothing here (telemetry is off)
+            continue
         assert new[field] == default
         changed = new | {field: not default if isinstance(default, bool) else None}
         assert store.run_id(changed, (0, 0, 0)) != store.run_id(new, (0, 0, 0))
+
+
+def test_the_statistics_method_enters_run_ids_only_where_it_decides_numbers():
+    off = Config(task="teacher").to_dict()
+    assert off["telemetry_stats"] == "fused"  # the default, left out without telemetry
+    legacy = {k: v for k, v in off.items() if k != "telemetry_stats"}
+    for method in ("fused", "reference"):
+        assert store.run_id(off | {"telemetry_stats": method}, (0, 0, 0)) == store.run_id(
+            legacy, (0, 0, 0)
+        )
+    on = Config(task="teacher", telemetry_every=5).to_dict()
+    before = {k: v for k, v in on.items() if k != "telemetry_stats"}  # a record made before it
+    reference = on | {"telemetry_stats": "reference"}
+    assert store.run_id(reference, (0, 0, 0)) == store.run_id(before, (0, 0, 0))
+    assert store.run_id(on, (0, 0, 0)) != store.run_id(reference, (0, 0, 0))
+    # an older record's config is read with the method it was made with
+    assert Config.from_dict(before).telemetry_stats == "reference"
+    assert Config.from_dict(on).telemetry_stats == "fused"

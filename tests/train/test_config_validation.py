@@ -34,6 +34,8 @@ from fp4lab.train.config import Config, ConfigError, make
         (dict(recipe="nvfp5"), "allowed: 'fp32'"),
         (dict(recipe="nvfp5"), "did you mean 'nvfp4'?"),
         (dict(optimizer="adam"), "did you mean 'adamw'?"),
+        (dict(telemetry_stats="exact"), "Config.telemetry_stats='exact'"),
+        (dict(telemetry_stats="refrence"), "did you mean 'reference'?"),
         (dict(stpes=10), "unknown config fields ['stpes']; allowed: task,"),
         (dict(stpes=10), "; did you mean 'steps'?"),
     ],

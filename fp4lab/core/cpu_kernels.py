@@ -1,0 +1,140 @@
+"""CPU kernels of the numerics: C++ built on first use, called through XLA's FFI.
+
+    operand_stats.cc   the telemetry's statistics of one quantized operand in one pass over
+                       x, x_hat and the grid values (`fp4lab.core.stats`, method "fused")
+
+XLA's CPU backend gives every reduction its own pass over its operand, with a full-size
+temporary in front of each; six statistics of every GEMM operand then cost more than the
+training step itself. The kernel reads each element once, in the quantizer's blocked view.
+
+Build: the first process that needs a kernel compiles its source with the C++ compiler
+(`$CXX`, else the first of c++, g++, clang++ on the PATH) against the FFI headers of the
+installed jaxlib (`jax.ffi.include_dir()`), into
+`<cache>/fp4lab/kernels/<name>-<hash>.so`, where <cache> is $FP4LAB_KERNEL_CACHE, else
+$XDG_CACHE_HOME, else ~/.cache, and the hash covers the source, the jaxlib version and the
+compiler command; later processes load that file (about 3 s the first time, nothing after).
+The flags leave no room for the compiler to reorder float arithmetic (-ffp-contract=off, no
+fast-math), so a kernel's sums are the same IEEE operations in the same order on any CPU.
+`available()` says whether the kernels could be built here and `build_error()` why not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+__all__ = ["available", "build_error", "block_stats", "cache_folder"]
+
+_SOURCE = Path(__file__).with_name("operand_stats.cc")
+_TARGET = "fp4lab_operand_stats"
+_FLAGS = (
+    "-O3",
+    "-std=c++17",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-shared",
+    "-fPIC",
+    "-w",
+    "-Wno-psabi",
+)
+
+
+def cache_folder() -> Path:
+    """Where built kernels are kept: $FP4LAB_KERNEL_CACHE, else <user cache>/fp4lab/kernels."""
+    if os.environ.get("FP4LAB_KERNEL_CACHE"):
+        return Path(os.environ["FP4LAB_KERNEL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fp4lab" / "kernels"
+
+
+def _compiler() -> str | None:
+    if os.environ.get("CXX"):
+        return os.environ["CXX"]
+    return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+
+
+@functools.cache
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why it could not be built); once per process."""
+    cxx = _compiler()
+    if cxx is None:
+        return None, "no C++ compiler found (set CXX, or install g++ or clang++)"
+    include = jax.ffi.include_dir()
+    command = [cxx, *_FLAGS, "-I", include]
+    digest = hashlib.sha256()
+    digest.update(_SOURCE.read_bytes())
+    digest.update(" ".join([jaxlib.__version__, cxx, *_FLAGS]).encode())
+    folder = cache_folder()
+    lib = folder / f"{_SOURCE.stem}-{digest.hexdigest()[:16]}.so"
+    if not lib.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            # built beside its final name, then renamed: concurrent processes never load a
+            # half-written file
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+            os.close(fd)
+            run = subprocess.run(
+                [*command, str(_SOURCE), "-o", tmp], capture_output=True, text=True, check=False
+            )
+            if run.returncode:
+                os.unlink(tmp)
+                return None, f"{' '.join(command)} failed:\n{run.stderr.strip()[-2000:]}"
+            os.replace(tmp, lib)
+        except OSError as e:
+            return None, f"cannot build {lib}: {e}"
+    try:
+        handle = ctypes.CDLL(str(lib))
+        capsule = jax.ffi.pycapsule(getattr(handle, _TARGET))
+        jax.ffi.register_ffi_target(_TARGET, capsule, platform="cpu")
+    except (OSError, AttributeError) as e:
+        return None, f"cannot load {lib}: {e}"
+    return handle, ""
+
+
+def available() -> bool:
+    """Whether the CPU kernels are built (building them now if need be) and registered."""
+    return _build()[0] is not None
+
+
+def build_error() -> str:
+    """Why the kernels are not available ("" when they are)."""
+    return _build()[1]
+
+
+def block_stats(xb: jax.Array, xhat_b: jax.Array, vals_b: jax.Array, vmax: float) -> jax.Array:
+    """(rel_err, bias, flush, saturated, underflow) of a blocked operand, float32 (5,).
+
+    Args:
+      xb, xhat_b, vals_b: float32 arrays of one shape (..., A, t1, B, t2), the quantizer's
+        blocked view (`fp4lab.core.quantize.quantize_view`): the prepared input, x_hat and the
+        element grid values; blocks span the axes t1 and t2.
+      vmax: the element format's largest magnitude (a saturated element's |grid value|).
+    Vmapped calls run the kernel once over the stacked batch, each member on its own.
+    Raises:
+      RuntimeError: the kernels cannot be built here (`build_error`).
+    """
+    if not available():
+        raise RuntimeError(f"fp4lab's CPU kernels are not available: {build_error()}")
+    if not (xb.shape == xhat_b.shape == vals_b.shape) or xb.ndim < 4:
+        raise ValueError(f"block_stats needs three blocked views of one shape, got {xb.shape}")
+    *lead, a, t1, b, t2 = xb.shape
+    call = jax.ffi.ffi_call(
+        _TARGET, jax.ShapeDtypeStruct((5,), jnp.float32), vmap_method="broadcast_all"
+    )
+    args = jax.lax.stop_gradient(
+        tuple(v.astype(jnp.float32) for v in (xb, xhat_b, vals_b))
+    )  # statistics are measurements: nothing differentiates through them
+    return call(
+        *args, pa=int(np.prod(lead, dtype=np.int64)) * a, t1=t1, nb=b, t2=t2, vmax=np.float32(vmax)
+    )

@@ -1,0 +1,218 @@
+"""The fused operand statistics (the C++ kernel of `fp4lab.core.cpu_kernels`) against
+independent numpy formulas in float64, and against the reference method.
+
+The quantizer's blocks (`quantize_blocks`: the prepared input, its grid values and x_hat in the
+moved layout) are the inputs of the numpy formulas; the statistics themselves are written out
+here from their definitions in `fp4lab.core.stats`.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fp4lab as fl
+from fp4lab.core import cpu_kernels, formats, hadamard
+from fp4lab.core import stats as stats_module
+from fp4lab.core.quantize import dequantize_blocks, grid_values, quantize_blocks
+from fp4lab.core.stats import operand_stats
+from fp4lab.schema import STATS
+
+H = hadamard.Hadamard
+STAT = {s: i for i, s in enumerate(STATS)}
+FLOATS = [STAT["rel_err"], STAT["bias"]]
+COUNTS = [STAT[s] for s in ("flush", "saturated", "underflow", "map4")]
+
+SPECS = {
+    "nvfp4": fl.nvfp4(),
+    "nvfp4-2d": fl.nvfp4(tile=(16, 16)),
+    "nvfp4-sr": fl.nvfp4(rounding="stochastic"),
+    "nvfp4-h16-random-sr": fl.nvfp4(transform=H(16, "random"), rounding="stochastic"),
+    "nvfp4-row": fl.nvfp4(scope="row"),
+    "nvfp4-4o6": fl.nvfp4(four_over_six="mae"),
+    "nvfp4-no-outer": fl.nvfp4(scope="none"),
+    "mxfp4": fl.mxfp4(),
+    "mxfp8": fl.mxfp8(),
+    "fp8-tensor": fl.fp8(),
+    "bf16": fl.cast_spec("bf16"),
+    "int8": fl.QuantSpec(elem="int8", tile=(1, 16), block_scale="fp32", outer="none"),
+}
+# (shape, axis): the last axis, an inner axis (blocked where it lies: block width 1 in the
+# kernel's view), a leading batch axis
+LAYOUTS = [((32, 64), -1), ((64, 48), 0), ((2, 32, 48), 1)]
+
+pytestmark = pytest.mark.skipif(
+    not cpu_kernels.available(), reason=f"no CPU kernels here: {cpu_kernels.build_error()}"
+)
+
+
+def _x(shape, seed=0):
+    x = 2.0 * jax.random.normal(jax.random.key(seed), shape)
+    x = x.at[(0,) * (len(shape) - 1)].set(0.0)  # an all-zero row
+    return x.at[(1,) * len(shape)].set(1e-30)  # a value that flushes
+
+
+def numpy_stats(a, spec, key):
+    """The statistics' definitions in float64 numpy, on the quantizer's moved-layout blocks."""
+    xb, scaled, scope, _ = quantize_blocks(a, spec, key, None, None)
+    fmt = formats.get_format(spec.elem)
+    x = np.asarray(xb, np.float64)
+    h = np.asarray(dequantize_blocks(scaled, fmt, scope), np.float64)
+    v = np.asarray(grid_values(scaled.q, fmt), np.float64)
+    err = h - x
+    nx = np.sqrt(np.sum(x * x))
+    rel = np.sqrt(np.sum(err * err)) / nx if nx > 0 else 0.0
+    sab = np.sum(np.abs(x))
+    bias = np.sum(err) / sab if sab > 0 else 0.0
+    nz = x != 0
+
+    def frac(count, total):  # a float32 division of exact counts, as jnp divides them
+        return np.float32(count) / np.float32(total)
+
+    flush = frac(np.sum(nz & (h == 0)), max(np.sum(nz), 1))
+    saturated = frac(np.sum((np.abs(v) == fmt.max) & (np.abs(x) > np.abs(h))), x.size)
+    blocks = (x.ndim - 3, x.ndim - 1)
+    live, hot = np.any(nz, axis=blocks), np.any(h != 0, axis=blocks)
+    underflow = frac(np.sum(live & ~hot), live.size)
+    map4 = 0.0 if scaled.map4 is None else float(jnp.mean(scaled.map4))
+    return np.array([rel, bias, flush, saturated, underflow, map4])
+
+
+@pytest.mark.parametrize("shape, axis", LAYOUTS)
+@pytest.mark.parametrize("name", SPECS)
+def test_fused_statistics_match_their_definitions(name, shape, axis):
+    spec = SPECS[name].replace(axis=axis)
+    x, key = _x(shape), jax.random.key(7)
+    x_hat, got = operand_stats(x, spec, key=key)
+    want = numpy_stats(x, spec, key)
+    got = np.asarray(got, np.float64)
+    # exact counts, and the float32 rounding of the float64 sums (within one ulp)
+    np.testing.assert_array_equal(got[COUNTS], want[COUNTS].astype(np.float32))
+    np.testing.assert_allclose(got[FLOATS], want[FLOATS], rtol=1.2e-7, atol=1e-30)
+    assert got[STAT["rel_err"]] > 0
+    assert got[STAT["flush"]] > 0 or name == "bf16"  # bf16 keeps 1e-30
+    # x_hat is the quantizer's, bit for bit, whatever the method
+    expected = fl.quantize(x, spec, key=key).dequantize(rotated=True)
+    np.testing.assert_array_equal(x_hat, expected)
+
+
+@pytest.mark.parametrize("shape, axis", LAYOUTS)
+@pytest.mark.parametrize("name", SPECS)
+def test_fused_and_reference_agree(name, shape, axis):
+    spec = SPECS[name].replace(axis=axis)
+    x, key = _x(shape, seed=1), jax.random.key(3)
+    xf, fused = operand_stats(x, spec, key=key)
+    xr, ref = operand_stats(x, spec, key=key, method="reference")
+    np.testing.assert_array_equal(xf, xr)
+    # the same counts: the reference's means multiply by a rounded 1/n, the kernel divides
+    np.testing.assert_allclose(np.asarray(fused)[COUNTS], np.asarray(ref)[COUNTS], rtol=1.2e-7)
+    np.testing.assert_allclose(fused, ref, rtol=1e-5, atol=1e-9)
+
+
+def test_saturation_and_underflow_are_counted_in_the_kernel():
+    # a stale amax saturates an FP8 tensor scale; NVFP4 without an outer scale underflows the
+    # E4M3 block scale of a block of tiny values
+    x = jnp.linspace(1.0, 8.0, 64).reshape(1, 64)
+    _, s = operand_stats(x, fl.fp8("e4m3"), amax=jnp.float32(4.0))
+    assert float(s[STAT["saturated"]]) == float(np.float32(np.sum(x > 4.0)) / np.float32(64))
+    tiny = jnp.concatenate([jnp.full((1, 16), 1e-6), jnp.ones((1, 16))], axis=1)
+    x_hat, s = operand_stats(tiny, fl.QuantSpec(outer="none"))
+    np.testing.assert_array_equal(x_hat[0, :16], 0.0)
+    assert float(s[STAT["underflow"]]) == 0.5 and float(s[STAT["flush"]]) == 0.5
+
+
+def test_row_lengths_and_block_widths_of_every_kernel_path():
+    # rows not a multiple of 8 (the scalar tail), a tensor-scaled row of odd width (a block
+    # width neither 1 nor a multiple of 8), and a 1-wide block view (an inner axis)
+    cases = [
+        ((3, 40), fl.nvfp4(tile=(1, 8), pad=True)),
+        ((5, 13), fl.fp8()),
+        ((24, 7), fl.QuantSpec(elem="e4m3", tile=(1, 8), block_scale="fp32", outer="none", axis=0)),
+    ]
+    for shape, spec in cases:
+        x, key = _x(shape, seed=2), jax.random.key(0)
+        got = np.asarray(operand_stats(x, spec, key=key)[1], np.float64)
+        want = numpy_stats(x, spec, key)
+        np.testing.assert_array_equal(got[COUNTS], want[COUNTS].astype(np.float32))
+        np.testing.assert_allclose(got[FLOATS], want[FLOATS], rtol=1.2e-7, atol=1e-30)
+
+
+def test_non_finite_and_zero_operands():
+    spec = fl.nvfp4()
+    x = _x((16, 32))
+    for bad in (jnp.nan, jnp.inf):
+        _, s = operand_stats(x.at[3, 5].set(bad), spec)
+        assert np.isnan(s[STAT["rel_err"]]) and np.isnan(s[STAT["bias"]])
+    x_hat, s = operand_stats(jnp.zeros((16, 32)), spec)
+    np.testing.assert_array_equal(x_hat, 0.0)
+    np.testing.assert_array_equal(s, 0.0)
+
+
+def test_a_vmapped_members_statistics_do_not_depend_on_the_batch():
+    spec = fl.nvfp4(transform=H(16, "random"), rounding="stochastic", axis=0)
+    xs = jnp.stack([_x((64, 32), seed=s) for s in range(3)])
+    key = jax.random.key(5)
+
+    def one(x):
+        return operand_stats(x, spec, key=key)
+
+    batched = jax.jit(jax.vmap(one))(xs)[1]
+    reordered = jax.jit(jax.vmap(one))(xs[::-1])[1]
+    for i in range(3):
+        alone = jax.jit(one)(xs[i])[1]
+        np.testing.assert_array_equal(batched[i], alone)
+        np.testing.assert_array_equal(reordered[2 - i], alone)
+    np.testing.assert_array_equal(jax.jit(jax.vmap(one))(xs)[1], batched)  # and twice the same
+
+
+def test_nothing_differentiates_through_the_statistics():
+    spec = fl.nvfp4()
+
+    def f(x):
+        x_hat, s = operand_stats(x, spec)
+        return jnp.sum(x_hat) + s[0]
+
+    g = jax.grad(f)(_x((16, 32)))  # x_hat has no gradient path either (the quantizer's rounding)
+    assert g.shape == (16, 32)
+
+
+def test_without_a_kernel_fused_falls_back_to_the_reference_with_a_warning(monkeypatch):
+    spec = fl.nvfp4(rounding="stochastic")
+    x, key = _x((16, 32)), jax.random.key(1)
+    ref = operand_stats(x, spec, key=key, method="reference")
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "build_error", lambda: "no compiler (test)")
+    monkeypatch.setattr(stats_module, "_warned", [])
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        got = operand_stats(x, spec, key=key)
+    np.testing.assert_array_equal(got[1], ref[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        operand_stats(x, spec, key=key)  # said once
+
+
+def test_an_unknown_method_is_an_error():
+    with pytest.raises(ValueError, match="method='exact'"):
+        operand_stats(jnp.ones((4, 16)), fl.nvfp4(), method="exact")
+    with pytest.raises(RuntimeError, match="not available"):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(cpu_kernels, "available", lambda: False)
+            cpu_kernels.block_stats(*(jnp.ones((1, 1, 1, 16)),) * 3, 6.0)
+
+
+def test_kernels_are_built_once_into_the_cache_folder(tmp_path):
+    # a fresh process with an empty cache folder builds the library there; the next one loads it
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FP4LAB_KERNEL_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
+    code = "from fp4lab.core import cpu_kernels as k; assert k.available(), k.build_error()"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    (lib,) = tmp_path.glob("operand_stats-*.so")  # one file, no temporaries left behind
+    built = lib.stat().st_mtime_ns
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    assert [p.name for p in tmp_path.iterdir()] == [lib.name]
+    assert lib.stat().st_mtime_ns == built
