@@ -76,7 +76,7 @@ class DotGemm(Gemm):
             lhs_shape, rhs_shape
         )
 
-    def grads(self, lhs, rhs, g, aux, w_hat=None):
+    def grads(self, lhs, rhs, g, aux, saved=None):
         """As the plan's, with Dgrad and Wgrad on the native GEMM where `backends` says.
 
         In the canonical layout Dgrad is dx (B, M, K) = dy (B, M, N) . w (B, N, K), contracting
@@ -85,7 +85,7 @@ class DotGemm(Gemm):
         simulated results they replace are dropped by the compiler; the telemetry of the
         backward operands is the simulator's (the same quantized values).
         """
-        dx, dw, stats = super().grads(lhs, rhs, g, aux, w_hat)
+        dx, dw, stats = super().grads(lhs, rhs, g, aux, saved)
         if "native" not in self.backends[1:]:
             return dx, dw, stats
         r, lay = self.recipe, self.layout(lhs.shape, rhs.shape)

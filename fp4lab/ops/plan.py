@@ -17,7 +17,9 @@ One quantized weight for Fprop and Dgrad: where both GEMMs quantize w under the 
 to its axis, with square tiles (NVIDIA's 16x16 weight blocks) or one scale per tensor, round to
 nearest and no rotation, Fprop's and Dgrad's blocks of w are the same elements and x_hat is the
 same array bit for bit (`Gemm.shares_weight`). The forward then keeps Fprop's w_hat for the
-backward instead of quantizing w again, as hardware recipes do with 2D weight scaling.
+backward instead of quantizing w again, as hardware recipes do with 2D weight scaling. With
+the fused statistics, Dgrad's w statistics are then Fprop's: the statistics of the same blocks
+of the same values (the reference statistics measure Dgrad's w on its own, as they did).
 
 Token padding: the Wgrad GEMM contracts over tokens, whose count the data decides. Where the
 Wgrad operands' tiles or Hadamard size do not divide it (and the quantizer would otherwise
@@ -189,8 +191,8 @@ class Gemm:
         """Whether Dgrad's quantized w is Fprop's, bit for bit, so the backward can take it.
 
         Holds when both GEMMs quantize w of the canonical (B, N, K) dot layout (Fprop along K,
-        Dgrad along N) under specs equal up to the axis, without telemetry (whose statistics
-        of Dgrad's w are measured on their own), with
+        Dgrad along N) under specs equal up to the axis, without the reference statistics
+        (which measure Dgrad's w on its own; the fused ones take Fprop's), with
         - square tiles (ty == tx) that divide N and K, or no tiles (one scale per tensor): the
           blocks along K and along N are then the same sets of elements;
         - an outer scale per tensor or none (a per-row scale depends on the axis);
@@ -201,7 +203,9 @@ class Gemm:
         """
         r = self.recipe
         a, b = r.fprop_w, r.dgrad_w
-        if self.telemetry or r.backward != "quantized" or a is None or b is None:
+        if self.telemetry and self.stats == "reference":
+            return False
+        if r.backward != "quantized" or a is None or b is None:
             return False
         if a.replace(axis=0) != b.replace(axis=0) or r.transform("fprop") or r.transform("dgrad"):
             return False
@@ -236,10 +240,11 @@ class Gemm:
             raises = raises or (tokens % need != 0 and not self_padding)
         return -(-tokens // multiple) * multiple if raises else tokens
 
-    def backward_operands(self, lhs, rhs, g, keys, amax, w_hat=None):
+    def backward_operands(self, lhs, rhs, g, keys, amax, saved=None):
         """(w for Dgrad, dy for Dgrad, x for Wgrad, dy for Wgrad) in the original layouts, as
         the backward mode says, and the statistics (4, len(STATS)) of `BWD_OPERANDS` or None.
-        `w_hat`: Fprop's quantized w, taken as Dgrad's where `shares_weight` holds.
+        `saved`: what `forward_saving` kept where `shares_weight` holds: Fprop's quantized w,
+        taken as Dgrad's, and with telemetry its statistics.
         Wgrad operands whose token axis needs padding (`token_padding`) come back padded, in
         the op's layout (`grads` contracts them there)."""
         r, on = self.recipe, self.telemetry
@@ -258,14 +263,14 @@ class Gemm:
         dy_d, s0 = quantize_operand(
             dy, r.dgrad_dy, axes["dgrad_dy"], td, keys["dgrad_dy"], kd, on, None, "dgrad_dy", m
         )
-        if w_hat is None:
+        if saved is None:
             w_d, s1 = quantize_operand(
                 lay.rhs_to(rhs), r.dgrad_w, axes["dgrad_w"], td, keys["dgrad_w"], kd, on,
                 amax.get("w"), "dgrad_w", m,
             )  # fmt: skip
             w_d = lay.rhs_from(w_d)
         else:
-            w_d, s1 = w_hat, None  # no telemetry here (`shares_weight`)
+            w_d, s1 = saved  # Fprop's w and its statistics (`shares_weight`)
         x3 = lay.lhs_to(lhs)
         tx_axis, tdy_axis = lay.token_axes
         tokens = x3.shape[tx_axis]
@@ -291,11 +296,12 @@ class Gemm:
         return self._fprop(lhs, rhs, aux)[0]
 
     def forward_saving(self, lhs, rhs, aux):
-        """(`forward`'s output, what the backward keeps of it): Fprop's w_hat where
-        `shares_weight` holds, else None."""
+        """(`forward`'s output, what the backward keeps of it): where `shares_weight` holds,
+        (Fprop's w_hat, its statistics or None without telemetry), else None."""
         if not self.shares_weight(lhs.shape, rhs.shape):
             return self.forward(lhs, rhs, aux), None
-        return self._fprop(lhs, rhs, aux)
+        out, w_hat = self._fprop(lhs, rhs, aux)
+        return out, (w_hat, out[1][1] if self.telemetry else None)
 
     def _fprop(self, lhs, rhs, aux):
         """(`forward`'s output, Fprop's w_hat) of the simulated Fprop."""
@@ -306,12 +312,12 @@ class Gemm:
         y = self.gemm(x_hat, w_hat)
         return ((y, stats) if self.telemetry else y), w_hat
 
-    def grads(self, lhs, rhs, g, aux, w_hat=None):
+    def grads(self, lhs, rhs, g, aux, saved=None):
         """(dx, dw, backward statistics or None): Dgrad and Wgrad on the chosen operands;
-        `w_hat` is what `forward_saving` kept."""
+        `saved` is what `forward_saving` kept."""
         key, amax = aux
         keys = operand_keys(key)
-        (w_d, dy_d, x_w, dy_w), stats = self.backward_operands(lhs, rhs, g, keys, amax, w_hat)
+        (w_d, dy_d, x_w, dy_w), stats = self.backward_operands(lhs, rhs, g, keys, amax, saved)
         _, vjp_lhs = jax.vjp(lambda a: self.gemm(a, w_d), lhs)
         (dx,) = vjp_lhs(dy_d.astype(g.dtype))
         if isinstance(x_w, _Padded):

@@ -238,25 +238,28 @@ def test_batch_invariance_with_row_scale_and_not_with_tensor_scale():
     )
 
 
-def _gemm(recipe, telemetry=False, backends=("simulated",) * 3):
+def _gemm(recipe, telemetry=False, backends=("simulated",) * 3, stats="fused"):
     from fp4lab.ops.dot_general import DotGemm
 
     return DotGemm(
         recipe=recipes.get(recipe) if isinstance(recipe, str) else recipe,
         telemetry=telemetry,
+        stats=stats,
         dimension_numbers=DN_2D,
         backends=backends,
     )
 
 
 def test_dgrad_takes_fprop_weight_only_where_the_blocks_coincide():
-    """`shares_weight`: square tiles (or one scale per tensor), RNE, no rotation, no telemetry,
-    a dot layout whose N and K the tile divides; everything else quantizes w again."""
+    """`shares_weight`: square tiles (or one scale per tensor), RNE, no rotation, no reference
+    statistics, a dot layout whose N and K the tile divides; everything else quantizes w
+    again."""
     shapes = ((32, 64), (64, 48))
     assert _gemm("nvfp4").shares_weight(*shapes)  # 16x16 weight blocks
     assert _gemm("fp8").shares_weight(*shapes)  # one scale per tensor
     assert _gemm("bf16").shares_weight(*shapes)  # an elementwise cast
-    assert not _gemm("nvfp4", telemetry=True).shares_weight(*shapes)
+    assert _gemm("nvfp4", telemetry=True).shares_weight(*shapes)  # fused: Fprop's statistics
+    assert not _gemm("nvfp4", telemetry=True, stats="reference").shares_weight(*shapes)
     assert not _gemm("nvfp4").shares_weight((32, 64), (64, 40))  # 16 does not divide N = 40
     assert not _gemm("mxfp4").shares_weight(*shapes)  # 1x32 tiles: other blocks along N
     assert not _gemm("nvfp4-sr-weights").shares_weight(*shapes)  # random bits per layout
@@ -313,3 +316,30 @@ def test_shared_weight_gradients_are_bit_identical_and_skip_one_quantizer(monkey
     for a, b in zip(shared, apart, strict=True):
         np.testing.assert_array_equal(a, b)
     assert (n_shared, n_apart) == (5, 6)  # Fprop x, w; Dgrad dy (+ w apart); Wgrad x, dy
+
+
+def test_telemetry_of_a_shared_weight_is_fprops_and_leaves_the_gradients_alone():
+    """With the fused statistics Dgrad takes Fprop's w and its statistics: the same blocks of
+    the same values as Dgrad's own quantization (counts exact, float sums to rounding)."""
+    from fp4lab.core.stats import operand_stats
+    from fp4lab.schema import BWD_OPERANDS, STATS
+
+    x, w = _xw((32, 64), (64, 48))
+    g = jax.random.normal(jax.random.key(3), (32, 48))
+    key = jax.random.key(5)
+    r = recipes.get("nvfp4")
+
+    def f(x, w, probe):
+        y, fstats = qdot_general(x, w, DN_2D, r, key=key, probe=probe)
+        return jnp.sum(y * g), fstats
+
+    probe = jnp.zeros((len(BWD_OPERANDS), len(STATS)))
+    (dx, dw, bstats), fstats = jax.grad(f, (0, 1, 2), has_aux=True)(x, w, probe)
+    np.testing.assert_array_equal(bstats[1], fstats[1])  # Dgrad's w row is Fprop's w row
+    own = operand_stats(w.T[None], r.dgrad_w.replace(axis=1))[1]  # Dgrad's w on its own
+    counts = [STATS.index(s) for s in ("flush", "saturated", "underflow", "map4")]
+    np.testing.assert_array_equal(np.asarray(bstats[1])[counts], np.asarray(own)[counts])
+    np.testing.assert_allclose(bstats[1], own, rtol=1e-6)
+    plain = jax.grad(lambda x, w: jnp.sum(qdot_general(x, w, DN_2D, r, key=key) * g), (0, 1))
+    for a, b in zip((dx, dw), plain(x, w), strict=True):
+        np.testing.assert_array_equal(a, b)  # telemetry on or off: the same gradients
