@@ -85,11 +85,15 @@ def test_rules_telemetry_drift_and_gradients_per_layer_match_the_unscanned_model
     assert set(mb) == set(ma)  # the same layer names, unstacked
     assert not any(k.startswith("quant/blocks.2.") for k in mb)  # block 2: high precision
     assert any(k.startswith("quant/blocks.1.") for k in mb)  # block 1: bf16
+    counts = ("/flush", "/saturated", "/underflow", "/map4")
     for k in ma:
         tol = 1e-4 if k.startswith("quant/") else 2e-3  # shadow statistics: ratios of sums
-        np.testing.assert_allclose(
-            mb[k], ma[k], rtol=tol, atol=1e-5 if tol > 1e-4 else 1e-6, err_msg=k
-        )
+        atol = 1e-5 if tol > 1e-4 else 1e-6
+        if k.startswith("quant/") and k.endswith(counts):
+            # fractions of counts: a gradient a last bit apart (summation order) can round
+            # one element of a 1024-element operand the other way under stochastic rounding
+            atol = 2.5e-3
+        np.testing.assert_allclose(mb[k], ma[k], rtol=tol, atol=atol, err_msg=k)
     for i in range(3):
         np.testing.assert_allclose(
             gb["blocks"]["mlp"]["up"]["kernel"][...][i],
