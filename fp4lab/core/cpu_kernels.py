@@ -9,10 +9,10 @@ training step itself. The kernel reads each element once, in the quantizer's blo
 
 Build: the first process that needs a kernel compiles its source with the C++ compiler
 (`$CXX`, else the first of c++, g++, clang++ on the PATH) against the FFI headers of the
-installed jaxlib (`jax.ffi.include_dir()`), into
-`<cache>/fp4lab/kernels/<name>-<hash>.so`, where <cache> is $FP4LAB_KERNEL_CACHE, else
-$XDG_CACHE_HOME, else ~/.cache, and the hash covers the source, the jaxlib version and the
-compiler command; later processes load that file (about 3 s the first time, nothing after).
+installed jaxlib (`jax.ffi.include_dir()`) into `<name>-<hash>.so` in `cache_folder()`
+($FP4LAB_KERNEL_CACHE, else <$XDG_CACHE_HOME or ~/.cache>/fp4lab/kernels), where the hash
+covers the source, the jaxlib version, the machine's architecture and the compiler command;
+later processes load that file (a few seconds the first time, nothing after).
 The flags leave no room for the compiler to reorder float arithmetic (-ffp-contract=off, no
 fast-math), so a kernel's sums are the same IEEE operations in the same order on any CPU.
 `available()` says whether the kernels could be built here and `build_error()` why not.
@@ -24,6 +24,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -74,7 +75,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     command = [cxx, *_FLAGS, "-I", include]
     digest = hashlib.sha256()
     digest.update(_SOURCE.read_bytes())
-    digest.update(" ".join([jaxlib.__version__, cxx, *_FLAGS]).encode())
+    digest.update(" ".join([jaxlib.__version__, platform.machine(), cxx, *_FLAGS]).encode())
     folder = cache_folder()
     lib = folder / f"{_SOURCE.stem}-{digest.hexdigest()[:16]}.so"
     if not lib.exists():

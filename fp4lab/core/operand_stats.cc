@@ -16,11 +16,12 @@
 //   underflow  #(blocks with some x != 0 and every x_hat == 0) / #blocks
 //
 // rel_err and bias are NaN where x holds a NaN or an infinity. The float sums run in double
-// precision over 8 lanes (element k of a row adds into lane k % 8), then lane by lane in
-// order: exact products, and the same IEEE operations in the same order on every x86-64 CPU
-// (built with -ffp-contract=off; the AVX2 clone and the baseline code compute the same
-// lanes). The counts are exact; the fractions are float32 divisions of the counts, as
-// jnp computes them.
+// precision over 8 lanes (element k of a row adds into lane k % 8) within parts of about 64K
+// elements (whole block rows, fixed by the shape), which the threads of XLA's pool share;
+// the parts are then added in order, lane by lane. So the products are exact and the sums
+// the same IEEE operations in the same order whatever the number of threads and on every
+// x86-64 CPU (built with -ffp-contract=off; the AVX2 clone and the baseline code compute the
+// same lanes). The counts are exact; the fractions are correctly rounded float32 divisions.
 
 #include <algorithm>
 #include <atomic>

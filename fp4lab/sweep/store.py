@@ -144,9 +144,9 @@ def config_id(config: dict[str, Any], data: dict[str, str] | None = None) -> str
 def run_id(
     config: dict[str, Any], seeds: tuple[int, int, int], data: dict[str, str] | None = None
 ) -> str:
-    """The id of a run, 16 hex: sha256 of its resolved config (less the `ID_DEFAULTS` fields at
-    their defaults), its seeds (init, data, quant), the content hashes of its data files
-    (`data_hashes`) and `NUMERICS_VERSION`."""
+    """The id of a run, 16 hex: sha256 of its resolved config's `identity` (less the
+    `ID_DEFAULTS` fields at their defaults and the `INERT` ones), its seeds (init, data,
+    quant), the content hashes of its data files (`data_hashes`) and `NUMERICS_VERSION`."""
     payload = {"config": identity(config), "seeds": [int(s) for s in seeds], "schema": 1}
     if data:
         payload["data"] = data
