@@ -19,8 +19,8 @@ Two methods compute them (`operand_stats(..., method=)`):
                  values; both are NaN for an operand holding a NaN or an infinity.
     "reference"  the jnp formulas, float32 sums in the order XLA gives them, in the moved
                  layout: what fp4lab recorded before the fused statistics, and still what runs
-                 that ask for it (`Config.telemetry_stats`) record, bit for bit. A NaN or an
-                 infinity in the operand gives rel_err and bias 0 here, as it always did.
+                 that ask for it (`Config.telemetry_stats`) record, bit for bit. A NaN in the
+                 operand gives rel_err and bias 0 here (an infinity NaN), as it always did.
 
 The counts behind flush, saturated, underflow and map4 are exact under both methods; "fused"
 divides them correctly rounded, where the reference's means multiply by a rounded 1/n (so the

@@ -145,6 +145,11 @@ def test_non_finite_and_zero_operands():
     for bad in (jnp.nan, jnp.inf):
         _, s = operand_stats(x.at[3, 5].set(bad), spec)
         assert np.isnan(s[STAT["rel_err"]]) and np.isnan(s[STAT["bias"]])
+    # the reference keeps what it always recorded: 0 for a NaN, NaN for an infinity
+    _, s = operand_stats(x.at[3, 5].set(jnp.nan), spec, method="reference")
+    assert float(s[STAT["rel_err"]]) == 0.0 and float(s[STAT["bias"]]) == 0.0
+    _, s = operand_stats(x.at[3, 5].set(jnp.inf), spec, method="reference")
+    assert np.isnan(s[STAT["rel_err"]])
     x_hat, s = operand_stats(jnp.zeros((16, 32)), spec)
     np.testing.assert_array_equal(x_hat, 0.0)
     np.testing.assert_array_equal(s, 0.0)
