@@ -5,6 +5,7 @@
     hadamard   blockwise Hadamard rotations
     spec       QuantSpec and the constructors nvfp4 / mxfp4 / mxfp8 / fp8 / cast_spec
     quantize   QTensor, quantize, quantize_dequantize, fake_quant, and the blocks API
+    cpu_kernels  C++ kernels built on first use, called through XLA's FFI (the fused statistics)
     stats      operand_stats: the error a quantizer makes on one operand
     recipes    GemmRecipe and the registry of named recipes
 
