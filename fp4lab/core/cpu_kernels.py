@@ -12,7 +12,9 @@ Build: the first process that needs a kernel compiles its source with the C++ co
 installed jaxlib (`jax.ffi.include_dir()`) into `<name>-<hash>.so` in `cache_folder()`
 ($FP4LAB_KERNEL_CACHE, else <$XDG_CACHE_HOME or ~/.cache>/fp4lab/kernels), where the hash
 covers the source, the jaxlib version, the machine's architecture and the compiler command;
-later processes load that file (a few seconds the first time, nothing after).
+later processes load that file (a few seconds the first time, nothing after). The source
+needs C++17 with GCC's vector extensions (GCC 12 or newer, or Clang); with an older compiler
+the build fails, and `fp4lab.core.stats` falls back to its reference formulas, saying so.
 The flags leave no room for the compiler to reorder float arithmetic (-ffp-contract=off, no
 fast-math), so a kernel's sums are the same IEEE operations in the same order on any CPU.
 `available()` says whether the kernels could be built here and `build_error()` why not.
