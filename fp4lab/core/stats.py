@@ -53,9 +53,16 @@ from fp4lab.core.quantize import (
 )
 from fp4lab.core.spec import QuantSpec
 
-__all__ = ["METHODS", "operand_stats", "relative_drift", "cosine"]
+__all__ = ["METHODS", "check_method", "operand_stats", "relative_drift", "cosine"]
 
 METHODS = ("fused", "reference")  # operand_stats(method=...): see the module docstring
+
+
+def check_method(method: str) -> str:
+    """`method` when it names a way to compute the statistics (`METHODS`), else a ValueError."""
+    if method not in METHODS:
+        raise ValueError(f"statistics method={method!r}; choose one of {METHODS}")
+    return method
 
 
 def operand_stats(
@@ -70,9 +77,7 @@ def operand_stats(
       (x_hat, stats): x_hat as `quantize(...).dequantize(rotated=True)` gives it, and a float32
       vector with the entries of `fp4lab.schema.STATS`.
     """
-    if method not in METHODS:
-        raise ValueError(f"operand_stats: method={method!r}; choose one of {METHODS}")
-    if method == "fused" and not _kernel_here():
+    if check_method(method) == "fused" and not _kernel_here():
         method = "reference"
     return _operand_stats(a, spec, key, transform_key, amax, method)
 

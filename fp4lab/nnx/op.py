@@ -35,11 +35,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4lab.core import recipes
-from fp4lab.core.stats import relative_drift
+from fp4lab.core.stats import check_method, relative_drift
 from fp4lab.nnx.state import AmaxHistory, GradProbe, LayerIndex, OpStats, QuantKey
 from fp4lab.ops.conv import qconv_general_dilated
 from fp4lab.ops.dot_general import qdot_general
-from fp4lab.ops.plan import check_stats_method
 from fp4lab.schema import BWD_OPERANDS, FWD_OPERANDS, STATS
 
 __all__ = [
@@ -133,7 +132,7 @@ class QuantizedOp(nnx.Module):
         # telemetry: the gradient channel and the latest forward statistics
         self.measure = bool(telemetry)  # static: telemetry.set_enabled switches it per step
         # static: how the statistics are computed (True: the default method)
-        self.stats_method = check_stats_method("fused" if telemetry in (True, False) else telemetry)
+        self.stats_method = check_method("fused" if telemetry in (True, False) else telemetry)
         if telemetry:
             n, c = len(STATS), self.calls
             self.probe = GradProbe(jnp.zeros((*lead, c, len(BWD_OPERANDS), n), jnp.float32))

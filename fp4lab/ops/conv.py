@@ -20,9 +20,10 @@ import dataclasses
 from jax import lax
 
 from fp4lab.core import recipes
+from fp4lab.core.stats import check_method
 from fp4lab.ops import scaffold
 from fp4lab.ops.layout import ConvLayout
-from fp4lab.ops.plan import Gemm, check_stats_method, resolve_recipe
+from fp4lab.ops.plan import Gemm, resolve_recipe
 
 __all__ = ["qconv_general_dilated", "ConvGemm"]
 
@@ -100,7 +101,7 @@ def qconv_general_dilated(
     gemm = ConvGemm(
         recipe=recipe,
         telemetry=probe is not None,
-        stats=check_stats_method(stats),
+        stats=check_method(stats),
         kwargs=tuple(sorted((k, _hashable(v)) for k, v in kwargs.items())),
         conv_layout=conv_layout,
     )

@@ -16,9 +16,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp4lab.core import recipes
+from fp4lab.core.stats import check_method
 from fp4lab.ops import layout, native, scaffold
 from fp4lab.ops.layout import DotLayout
-from fp4lab.ops.plan import Gemm, check_stats_method, operand_keys, resolve_recipe
+from fp4lab.ops.plan import Gemm, operand_keys, resolve_recipe
 
 __all__ = ["qdot_general", "DotGemm"]
 
@@ -152,7 +153,7 @@ def qdot_general(
     gemm = DotGemm(
         recipe=recipe,
         telemetry=probe is not None,
-        stats=check_stats_method(stats),
+        stats=check_method(stats),
         dimension_numbers=dn,
         precision=precision,
         preferred_element_type=preferred_element_type,

@@ -42,11 +42,11 @@ import jax.numpy as jnp
 from fp4lab.core import hadamard, recipes
 from fp4lab.core.quantize import quantize_dequantize
 from fp4lab.core.spec import QuantSpec
-from fp4lab.core.stats import METHODS, operand_stats
+from fp4lab.core.stats import operand_stats
 from fp4lab.ops import layout
 from fp4lab.schema import BWD_OPERANDS, OPERAND_NAMES, STATS
 
-__all__ = ["Gemm", "check_stats_method", "operand_keys", "quantize_operand", "resolve_recipe"]
+__all__ = ["Gemm", "operand_keys", "quantize_operand", "resolve_recipe"]
 
 _TRANSFORM_INDEX = {"fprop": 100, "dgrad": 101, "wgrad": 102}
 
@@ -57,13 +57,6 @@ def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
     ks = {name: jax.random.fold_in(key, i) for i, name in enumerate(OPERAND_NAMES)}
     ks |= {f"{g}_transform": jax.random.fold_in(key, i) for g, i in _TRANSFORM_INDEX.items()}
     return ks
-
-
-def check_stats_method(method: str) -> str:
-    """`method` when it names a way to compute the statistics (`fp4lab.core.stats.METHODS`)."""
-    if method not in METHODS:
-        raise ValueError(f"stats={method!r}: choose one of {METHODS}")
-    return method
 
 
 def resolve_recipe(recipe, key) -> tuple[recipes.GemmRecipe, jax.Array]:
