@@ -81,6 +81,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     folder = cache_folder()
     lib = folder / f"{_SOURCE.stem}-{digest.hexdigest()[:16]}.so"
     if not lib.exists():
+        tmp = None
         try:
             folder.mkdir(parents=True, exist_ok=True)
             # built beside its final name, then renamed: concurrent processes never load a
@@ -91,11 +92,13 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
                 [*command, str(_SOURCE), "-o", tmp], capture_output=True, text=True, check=False
             )
             if run.returncode:
-                os.unlink(tmp)
                 return None, f"{' '.join(command)} failed:\n{run.stderr.strip()[-2000:]}"
             os.replace(tmp, lib)
         except OSError as e:
             return None, f"cannot build {lib}: {e}"
+        finally:  # no temporary left behind, whatever failed
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
     try:
         handle = ctypes.CDLL(str(lib))
         capsule = jax.ffi.pycapsule(getattr(handle, _TARGET))
