@@ -80,7 +80,7 @@ def _run(args) -> int:
 
     if not args.no_compile_cache:
         folder = args.compile_cache or compile_cache_folder()
-        use_compile_cache(folder)
+        use_compile_cache(folder, programs=True)
         os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)  # worker processes inherit it
 
     if args.executor == "ray" and not args.dry_run:
@@ -472,10 +472,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--compile-cache",
         metavar="DIR",
-        help=f"jax's persistent compilation cache (default {compile_cache_folder()}): "
-        "reruns and added seeds skip compiles; results are bit-identical without it",
+        help=f"jax's persistent compilation cache (default {compile_cache_folder()}), with "
+        "each cell's traced program in its programs/ folder: reruns and added seeds skip "
+        "tracing and compiling; results are bit-identical without it",
     )
-    run.add_argument("--no-compile-cache", action="store_true", help="compile every cell afresh")
+    run.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="trace and compile every cell afresh (also for code that patches fp4lab at run time)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument(
         "--progress-every",

@@ -53,3 +53,13 @@ def documented_keys():
         }
 
     return keys
+
+
+@pytest.fixture(autouse=True)
+def _no_stored_programs_after_a_test(monkeypatch):
+    """`fp4lab run` called in a test's process turns stored programs on for that process
+    (`fp4lab.sweep.programs`); it stays on for that test only, so that no later test, which may
+    patch fp4lab, is handed a program traced from other code."""
+    from fp4lab.sweep import programs
+
+    monkeypatch.delenv(programs.ENV, raising=False)

@@ -37,10 +37,11 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-__all__ = ["available", "build_error", "block_stats", "cache_folder"]
+__all__ = ["TARGETS", "available", "build_error", "block_stats", "cache_folder"]
 
 _SOURCE = Path(__file__).with_name("operand_stats.cc")
 _TARGET = "fp4lab_operand_stats"
+TARGETS = (_TARGET,)  # the FFI targets the kernels register (what a compiled program may call)
 _FLAGS = (
     "-O3",
     "-std=c++17",

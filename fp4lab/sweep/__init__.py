@@ -2,6 +2,7 @@
 
     experiment   experiment files: get_config(), sweep(add), cells and seeds
     compute      compute_cell: one cell's seeds as vmapped, compiled runs (any process)
+    programs     cells' traced programs on disk (jax.export): later processes skip the trace
     executors    local executors (in process, worker processes)
     ray          the Ray executor (workers compute, the driver writes)
     runner       run_experiment: what is left, the executor, the store, progress

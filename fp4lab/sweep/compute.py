@@ -19,13 +19,16 @@ from typing import Any
 import numpy as np
 
 from fp4lab.schema import STREAMS
+from fp4lab.sweep import programs as stored_programs
 from fp4lab.sweep.store import cpu
 from fp4lab.train.config import Config
 
 __all__ = ["compute_cell", "clear_cache", "progress_every", "use_compile_cache"]
 
 
-def use_compile_cache(folder: str | os.PathLike, min_compile_seconds: float = 0.5) -> None:
+def use_compile_cache(
+    folder: str | os.PathLike, min_compile_seconds: float = 0.5, programs: bool = False
+) -> None:
     """Turns on jax's persistent compilation cache in `folder` for this process.
 
     A program compiled once (a cell's training run, a test's step) is then loaded from disk by
@@ -33,6 +36,10 @@ def use_compile_cache(folder: str | os.PathLike, min_compile_seconds: float = 0.
     batches, reruns and other test files skip compilation. The cached executable is the one a
     fresh compile produces, so results are bit-identical with and without the cache (tested).
     Programs that compile faster than `min_compile_seconds` are not written.
+
+    With `programs`, cells' traced programs are kept in `folder/programs` too
+    (`fp4lab.sweep.programs`), so a later process skips tracing and lowering as well; this
+    process's worker processes inherit the setting.
     """
     import jax
 
@@ -40,6 +47,8 @@ def use_compile_cache(folder: str | os.PathLike, min_compile_seconds: float = 0.
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if programs:
+        os.environ[stored_programs.ENV] = str(Path(folder) / "programs")
 
 
 _COMPILED: dict[tuple[Config, int], tuple[Callable, float]] = {}
@@ -75,7 +84,8 @@ def clear_cache(config: Config | None = None) -> None:
 
 def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
     """jit(vmap(train)) compiled for `cfg` (cached per process), and its compile seconds;
-    with `every` > 0, with the progress callback every `every` steps."""
+    with `every` > 0, with the progress callback every `every` steps. With stored programs on
+    (`fp4lab.sweep.programs`) and no callback, what compiles is the exported program."""
     import jax  # lazy, like the trainer: `import fp4lab.sweep` (and `fp4lab --help`) loads no jax
 
     from fp4lab.train import trainer
@@ -83,7 +93,13 @@ def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
     if (cfg, every) not in _COMPILED:
         t0 = time.perf_counter()
         train = trainer.make_train(cfg, _on_step, every) if every else trainer.make_train(cfg)
-        fn = jax.jit(jax.vmap(train)).lower(keys).compile()
+        where = stored_programs.folder()
+        if where is not None and not every and jax.default_backend() == "cpu":
+            fn = jax.vmap(train)
+            call = stored_programs.exported(fn, cfg, keys, where).call
+            fn = jax.jit(call).lower(keys).compile()
+        else:
+            fn = jax.jit(jax.vmap(train)).lower(keys).compile()
         _COMPILED[cfg, every] = fn, time.perf_counter() - t0
     return _COMPILED[cfg, every]
 

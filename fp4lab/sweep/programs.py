@@ -1,0 +1,142 @@
+"""Traced programs on disk: a cell's training run exported once, so later processes skip tracing.
+
+jax's persistent compilation cache skips XLA's compile, not what comes before it: tracing the model
+in Python and lowering it to StableHLO, about 40 % of what a cached cell costs on the CPU. With
+`use_compile_cache(folder, programs=True)` (what `fp4lab run` does), `fp4lab.sweep.compute` exports
+(`jax.export`) each cell's jit(vmap(train)) into `folder/programs` and compiles the exported
+program; a later process that computes the same cell loads the exported program from there, and its
+compile then comes from jax's cache as well. Both processes compile the same exported program, so
+results do not depend on which of them traced it.
+
+A stored program is the trace of the code that made it, so its key covers everything the trace
+reads: the config (`Config.to_dict`, which writes a recipe registered at run time as its value),
+the seed batch's shapes and dtypes, the source files of the fp4lab package, a text task's file, the
+versions of jax, jaxlib, flax, optax, numpy and ml_dtypes, jax's flags, the backend and whether
+fp4lab's CPU kernels can be built (without them telemetry traces its reference formulas). What it
+cannot see is code that changes fp4lab while it runs (a function patched from an experiment file or
+a test): such runs should turn the cache off (`--no-compile-cache`). Programs with host callbacks
+(step progress) cannot be exported and are not stored.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from fp4lab.train.config import Config
+
+__all__ = ["ENV", "folder", "program_key", "exported"]
+
+ENV = "FP4LAB_PROGRAM_CACHE"  # the folder of stored programs; set, so worker processes inherit it
+_DISTRIBUTIONS = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes")
+_UNTRACED_FLAGS = ("compilation_cache", "persistent_cache", "log", "dump", "pprint", "traceback")
+
+
+def folder() -> Path | None:
+    """The folder of stored programs ($FP4LAB_PROGRAM_CACHE), or None when they are off."""
+    value = os.environ.get(ENV)
+    return Path(value) if value else None
+
+
+@functools.cache
+def _source_digest() -> str:
+    """sha256 over the fp4lab package's source files (paths and contents), once per process."""
+    root = Path(__file__).resolve().parents[1]  # the fp4lab package
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cc")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for name in _DISTRIBUTIONS:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = ""
+    return out
+
+
+def program_key(cfg: Config, keys: Any) -> str:
+    """The key of `cfg`'s training run traced for the seed batch `keys` (module docstring)."""
+    import jax
+
+    from fp4lab.core import cpu_kernels
+
+    flags = {
+        k: repr(v)
+        for k, v in sorted(jax.config.values.items())
+        if not any(word in k for word in _UNTRACED_FLAGS)
+    }
+    avals = [
+        (str(path), str(getattr(leaf, "dtype", type(leaf))), tuple(getattr(leaf, "shape", ())))
+        for path, leaf in jax.tree_util.tree_leaves_with_path(keys)
+    ]
+    text = ""
+    if cfg.task == "text":
+        text = hashlib.sha256(Path(cfg.text_path).read_bytes()).hexdigest()
+    parts = {
+        "config": cfg.to_dict(),
+        "avals": avals,
+        "source": _source_digest(),
+        "text": text,
+        "versions": _versions(),
+        "flags": flags,
+        "backend": jax.default_backend(),
+        "kernels": cpu_kernels.available(),  # without them, telemetry traces other formulas
+    }
+    blob = json.dumps(parts, sort_keys=True, default=repr).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def exported(fn, cfg: Config, keys: Any, where: Path):
+    """The jax.export.Exported of jit(`fn`) at `keys`: loaded from `where` when stored there,
+    else traced, exported and stored. Makes sure the CPU kernels the program calls are
+    registered in this process (loading a program does not trace the code that would)."""
+    import jax
+    from jax import export
+
+    from fp4lab.core import cpu_kernels
+
+    path = where / f"{program_key(cfg, keys)}.program"
+    if path.exists():
+        try:
+            head, _, body = path.read_bytes().partition(b"\n")
+            meta = json.loads(head)
+            program = export.deserialize(bytearray(body))
+        except Exception as e:  # a damaged file: traced again and replaced
+            warnings.warn(
+                f"fp4lab: cannot read the stored program {path} ({e}); tracing it again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        else:
+            if meta.get("kernels") and not cpu_kernels.available():
+                raise RuntimeError(
+                    f"the stored program {path} calls fp4lab's CPU kernels, which cannot be "
+                    f"built here: {cpu_kernels.build_error()}"
+                )
+            return program
+    checks = [export.DisabledSafetyCheck.custom_call(t) for t in cpu_kernels.TARGETS]
+    program = export.export(jax.jit(fn), disabled_checks=checks)(keys)
+    text = program.mlir_module()
+    meta = {"kernels": sorted(t for t in cpu_kernels.TARGETS if t in text)}
+    where.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=where)
+    try:  # written beside its final name, then renamed: a reader never sees half a file
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps(meta).encode() + b"\n" + bytes(program.serialize()))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return program
