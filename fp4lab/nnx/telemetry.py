@@ -135,6 +135,11 @@ def depths(model, calls) -> dict[str, jax.Array]:
     op paths `calls` (`fp4lab.nnx.op.record_calls`). Ops standing for stacked layers that are
     called one after the other are one scanned body: its layers follow each other in stack
     order, each with the body's ops in call order."""
+    return {k: jnp.float32(d) for k, d in _depth_order(model, calls).items()}
+
+
+def _depth_order(model, calls) -> dict[str, int]:
+    """depth key -> position, as `depths` (Python ints: they are fixed while tracing)."""
     ops = {op.path: op for op in _ops(model)}
     order: dict[str, tuple[int, int, int]] = {}
     body = -1  # the first call of the scanned body being read
@@ -149,7 +154,27 @@ def depths(model, calls) -> dict[str, jax.Array]:
             if layer not in high:
                 order.setdefault(layer, (body, i, n) if stacked else (n, i, 0))
     ranked = sorted(order, key=order.get)
-    return {depth_key(layer): jnp.float32(d) for d, layer in enumerate(ranked)}
+    return {depth_key(layer): d for d, layer in enumerate(ranked)}
+
+
+_DEPTHS: dict = {}  # repr(graphdef) -> the depth order of a trace that saw every layer
+
+
+def _step_depths(model, calls) -> dict[str, jax.Array]:
+    """`depths(model, calls)` of one traced step, complete also when a stacked body's calls
+    went unseen: a step traced a second time in one program (a last, partial telemetry chunk
+    of a run) reuses jax's trace of the scanned body, whose ops then record no calls. Such a
+    trace takes the depths of the last complete trace of a model of the same structure (the
+    same graphdef: the same forward, so the same order)."""
+    found = _depth_order(model, calls)
+    wanted = set()
+    for op in _ops(model):
+        high = {p for p, r in op.layers if r is None}
+        wanted |= {depth_key(layer) for layer in op.stat_layers() if layer not in high}
+    key = repr(nnx.graphdef(model))  # a graphdef's static attributes may be unhashable
+    if wanted <= set(found):
+        _DEPTHS[key] = found
+    return {k: jnp.float32(d) for k, d in _DEPTHS.get(key, found).items()}
 
 
 def value_and_grad(loss_fn, *, has_aux: bool = False, shadow: bool = False):
@@ -172,7 +197,7 @@ def value_and_grad(loss_fn, *, has_aux: bool = False, shadow: bool = False):
                 model, *args, **kwargs
             )
         param_grads, probe_grads = nnx.split_state(grads, nnx.Param, GradProbe)
-        return value, param_grads, collect(model, probe_grads) | depths(model, calls)
+        return value, param_grads, collect(model, probe_grads) | _step_depths(model, calls)
 
     return wrapped
 
@@ -192,7 +217,7 @@ def _with_shadow(loss_fn, has_aux, model, args, kwargs):
             quantized, *args, **kwargs
         )
     param_grads, probe_grads, taps = nnx.split_state(grads, nnx.Param, GradProbe, DriftTap)
-    metrics = collect(quantized, probe_grads) | depths(quantized, calls)
+    metrics = collect(quantized, probe_grads) | _step_depths(quantized, calls)
     nnx.update(model, nnx.state(quantized, nnx.Not(nnx.Any(DriftTap, DriftCapture))))
     nnx.update(quantized, taps)  # the taps now hold the cotangents of the outputs
 

@@ -167,11 +167,32 @@ def test_trainer_runs_a_scanned_model_with_rules_and_telemetry_per_layer():
     from fp4lab.train import Config
 
     cfg = Config(task="markov", vocab=16, d_model=32, n_layers=2, n_heads=2, d_ff=64,
-                 seq_len=16, batch_size=4, steps=2, eval_batches=1, recipe="bf16",
+                 seq_len=16, batch_size=4, steps=3, eval_batches=1, recipe="bf16",
                  rules=((r"blocks\.1\..*", "nvfp4-rl"),), telemetry_every=2, seed_batch=1,
                  scan_layers=True)  # fmt: skip
+    # steps 0 and 2 are logged, step 2 as a last, partial chunk: the measured step is traced
+    # twice in one program, the second time on jax's cached trace of the scanned blocks
     ((run,),) = [sweep.compute_cell(cfg.to_dict(), [(0, 1, 2)])]
     assert np.isfinite(run["series"]["loss"]).all() and np.isfinite(run["summary"]["eval_hp"])
     layers = {k.split("/")[1] for k in run["telemetry"]["metrics"] if k.startswith("quant/")}
     seams = ("attn.query", "attn.key", "attn.value", "attn.out", "mlp.gate", "mlp.up", "mlp.down")
     assert layers == {f"blocks.{i}.{m}" for i in (0, 1) for m in seams} | {"lm_head"}
+    depth = {k[len("depth/") :]: v for k, v in run["telemetry"]["metrics"].items() if "depth/" in k}
+    assert set(depth) == layers  # every layer's depth, at both logged steps
+    assert all(np.shape(v) == (2,) and v[0] == v[1] for v in depth.values())
+    order = sorted(depth, key=lambda k: depth[k][0])
+    assert order[:7] == [f"blocks.0.{m}" for m in seams] and order[-1] == "lm_head"
+
+
+def test_a_step_traced_twice_reports_every_depth_both_times():
+    @nnx.jit
+    def twice(model):  # the second trace reuses jax's trace of the scanned blocks
+        first = telemetry.value_and_grad(_loss)(model, TOKENS)[2]
+        return first, telemetry.value_and_grad(_loss)(model, TOKENS)[2]
+
+    first, second = twice(_model(scan=True))
+    assert set(first) == set(second)
+    assert {k for k in first if k.startswith("depth/blocks.0.")}
+    for k in first:
+        if k.startswith("depth/"):
+            assert first[k] == second[k]
