@@ -20,7 +20,9 @@ Measured (4 seeds, 95 % intervals; a run on a loaded machine): loss gap BF16 0.0
 [-9, +36] for NVFP4-RL; no divergences. Four seeds separate the tokens-to-target overhead of
 NVFP4 from 0, not the recipes' final gaps. On another kind of CPU the runs' last bits differ
 and the numbers move within their intervals (an AVX-512 host: NVFP4 0.039 [0.021, 0.057],
-NVFP4-RL 0.039 [0.019, 0.059]; +22 % [+8, +37] and +20 % [-5, +35]); the conclusions stay.
+NVFP4-RL 0.039 [0.019, 0.059]; +22 % [+8, +37] and +20 % [-5, +35]; an AMD EPYC host: NVFP4
+0.038 [0.022, 0.053], NVFP4-RL 0.039 [0.024, 0.054]; +23 % [+2, +36] and +23 % [+11, +35]);
+the conclusions stay.
 """
 
 from fp4lab.train.config import Config
