@@ -95,9 +95,8 @@ def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
         train = trainer.make_train(cfg, _on_step, every) if every else trainer.make_train(cfg)
         where = stored_programs.folder()
         if where is not None and not every and jax.default_backend() == "cpu":
-            fn = jax.vmap(train)
-            call = stored_programs.exported(fn, cfg, keys, where).call
-            fn = jax.jit(call).lower(keys).compile()
+            program = stored_programs.exported(jax.vmap(train), cfg, keys, where)
+            fn = jax.jit(program.call).lower(keys).compile()
         else:
             fn = jax.jit(jax.vmap(train)).lower(keys).compile()
         _COMPILED[cfg, every] = fn, time.perf_counter() - t0
