@@ -30,6 +30,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import jax
+from jax import export
+
+from fp4lab.core import cpu_kernels
 from fp4lab.train.config import Config
 
 __all__ = ["ENV", "folder", "program_key", "exported"]
@@ -68,10 +72,6 @@ def _versions() -> dict[str, str]:
 
 def program_key(cfg: Config, keys: Any) -> str:
     """The key of `cfg`'s training run traced for the seed batch `keys` (module docstring)."""
-    import jax
-
-    from fp4lab.core import cpu_kernels
-
     flags = {
         k: repr(v)
         for k, v in sorted(jax.config.values.items())
@@ -102,11 +102,6 @@ def exported(fn, cfg: Config, keys: Any, where: Path):
     """The jax.export.Exported of jit(`fn`) at `keys`: loaded from `where` when stored there,
     else traced, exported and stored. Makes sure the CPU kernels the program calls are
     registered in this process (loading a program does not trace the code that would)."""
-    import jax
-    from jax import export
-
-    from fp4lab.core import cpu_kernels
-
     path = where / f"{program_key(cfg, keys)}.program"
     if path.exists():
         try:
