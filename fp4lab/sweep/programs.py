@@ -122,13 +122,19 @@ def exported(fn, cfg: Config, keys: Any, where: Path):
     program = export.export(jax.jit(fn), disabled_checks=checks)(keys)
     text = program.mlir_module()
     meta = {"kernels": sorted(t for t in cpu_kernels.TARGETS if t in text)}
-    where.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=where)
+    data = json.dumps(meta).encode() + b"\n" + bytes(program.serialize())
+    tmp = None
     try:  # written beside its final name, then renamed: a reader never sees half a file
+        where.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=where)
         with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps(meta).encode() + b"\n" + bytes(program.serialize()))
+            f.write(data)
         os.replace(tmp, path)
+    except OSError as e:  # a full or read-only disk costs the next process a trace, no more
+        warnings.warn(
+            f"fp4lab: cannot store the traced program in {where} ({e})", RuntimeWarning, 2
+        )
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return program

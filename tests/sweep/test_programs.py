@@ -121,3 +121,13 @@ def test_a_program_with_step_progress_is_not_stored(tmp_path, monkeypatch):
     assert any(e["event"] == "step" for e in events)
     assert not any(tmp_path.iterdir())  # a host callback cannot be exported
     compute.clear_cache(CFG)
+
+
+def test_a_program_that_cannot_be_stored_still_runs(tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(programs.tempfile, "mkstemp", full)
+    with pytest.warns(RuntimeWarning, match="cannot store the traced program"):
+        program = programs.exported(jax.vmap(trainer.make_train(CFG)), CFG, _keys(2), tmp_path)
+    assert program.in_avals and not any(tmp_path.iterdir())
