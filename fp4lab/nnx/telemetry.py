@@ -37,6 +37,8 @@ order layers by depth); `fp4lab.analysis.to_frame` turns them into tidy rows.
 
 from __future__ import annotations
 
+import hashlib
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -157,7 +159,7 @@ def _depth_order(model, calls) -> dict[str, int]:
     return {depth_key(layer): d for d, layer in enumerate(ranked)}
 
 
-_DEPTHS: dict = {}  # repr(graphdef) -> the depth order of a trace that saw every layer
+_DEPTHS: dict = {}  # hash of repr(graphdef) -> the depth order of a trace that saw every layer
 
 
 def _step_depths(model, calls) -> dict[str, jax.Array]:
@@ -171,9 +173,13 @@ def _step_depths(model, calls) -> dict[str, jax.Array]:
     for op in _ops(model):
         high = {p for p, r in op.layers if r is None}
         wanted |= {depth_key(layer) for layer in op.stat_layers() if layer not in high}
-    key = repr(nnx.graphdef(model))  # a graphdef's static attributes may be unhashable
+    # a graphdef's static attributes may be unhashable: its repr, hashed, is the key
+    key = hashlib.sha256(repr(nnx.graphdef(model)).encode()).hexdigest()
     if wanted <= set(found):
+        _DEPTHS.pop(key, None)
         _DEPTHS[key] = found
+        while len(_DEPTHS) > 64:  # the structures seen last
+            del _DEPTHS[next(iter(_DEPTHS))]
     return {k: jnp.float32(d) for k, d in _DEPTHS.get(key, found).items()}
 
 
