@@ -10,22 +10,21 @@ results do not depend on which of them traced it.
 
 A stored program is the trace of the code that made it, so its key covers everything the trace
 reads: the config (`Config.to_dict`, which writes a recipe registered at run time as its value),
-the seed batch's shapes and dtypes, the source files of the fp4lab package, a text task's file, the
-versions of jax, jaxlib, flax, optax, numpy and ml_dtypes, jax's flags, the backend and whether
-fp4lab's CPU kernels can be built (without them telemetry traces its reference formulas). What it
-cannot see is code that changes fp4lab while it runs (a function patched from an experiment file or
-a test): such runs should turn the cache off (`--no-compile-cache`). Programs with host callbacks
-(step progress) cannot be exported and are not stored.
+the seed batch's shapes and dtypes, the source files of the fp4lab package, a text task's file
+(`store.data_hashes`), the package versions of a run's provenance (`store.package_versions`:
+fp4lab, jax, jaxlib, flax, optax, ml_dtypes, numpy), jax's flags, the backend and whether fp4lab's
+CPU kernels can be built (without them telemetry traces its reference formulas). What it cannot see
+is code that changes fp4lab while it runs (a function patched from an experiment file or a test):
+such runs should turn the cache off (`--no-compile-cache`). Programs with host callbacks (step
+progress) cannot be exported and are not stored.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,12 +33,13 @@ import jax
 from jax import export
 
 from fp4lab.core import cpu_kernels
+from fp4lab.sweep import store
+from fp4lab.sweep.records import StoreError, write_atomic
 from fp4lab.train.config import Config
 
 __all__ = ["ENV", "folder", "program_key", "exported"]
 
 ENV = "FP4LAB_PROGRAM_CACHE"  # the folder of stored programs; set, so worker processes inherit it
-_DISTRIBUTIONS = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes")
 _UNTRACED_FLAGS = ("compilation_cache", "persistent_cache", "log", "dump", "pprint", "traceback")
 
 
@@ -60,16 +60,6 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def _versions() -> dict[str, str]:
-    out = {}
-    for name in _DISTRIBUTIONS:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = ""
-    return out
-
-
 def program_key(cfg: Config, keys: Any) -> str:
     """The key of `cfg`'s training run traced for the seed batch `keys` (module docstring)."""
     flags = {
@@ -81,15 +71,13 @@ def program_key(cfg: Config, keys: Any) -> str:
         (str(path), str(getattr(leaf, "dtype", type(leaf))), tuple(getattr(leaf, "shape", ())))
         for path, leaf in jax.tree_util.tree_leaves_with_path(keys)
     ]
-    text = ""
-    if cfg.task == "text":
-        text = hashlib.sha256(Path(cfg.text_path).read_bytes()).hexdigest()
+    config = cfg.to_dict()
     parts = {
-        "config": cfg.to_dict(),
+        "config": config,
         "avals": avals,
         "source": _source_digest(),
-        "text": text,
-        "versions": _versions(),
+        "data": store.data_hashes(config),  # a text task's file
+        "versions": store.package_versions(),
         "flags": flags,
         "backend": jax.default_backend(),
         "kernels": cpu_kernels.available(),  # without them, telemetry traces other formulas
@@ -123,18 +111,8 @@ def exported(fn, cfg: Config, keys: Any, where: Path):
     text = program.mlir_module()
     meta = {"kernels": sorted(t for t in cpu_kernels.TARGETS if t in text)}
     data = json.dumps(meta).encode() + b"\n" + bytes(program.serialize())
-    tmp = None
-    try:  # written beside its final name, then renamed: a reader never sees half a file
-        where.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=where)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as e:  # a full or read-only disk costs the next process a trace, no more
-        warnings.warn(
-            f"fp4lab: cannot store the traced program in {where} ({e})", RuntimeWarning, 2
-        )
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+    try:  # atomic: a reader never sees half a file
+        write_atomic(path, data)
+    except StoreError as e:  # a full or read-only disk costs the next process a trace, no more
+        warnings.warn(f"fp4lab: cannot store the traced program ({e})", RuntimeWarning, 2)
     return program

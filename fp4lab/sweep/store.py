@@ -88,6 +88,7 @@ __all__ = [
     "data_hashes",
     "label_runs",
     "load",
+    "package_versions",
     "provenance",
     "run_id",
 ]
@@ -197,17 +198,24 @@ def cpu() -> str:
     return f"{model} [{' '.join(have)}]" if have else model
 
 
-def provenance() -> dict[str, Any]:
-    """What made a run: package versions, git revision (and whether the tree had edits),
-    numerics version, python, backend, device kind and host CPU (`cpu`), time."""
-    import jax
-
+def package_versions() -> dict[str, str | None]:
+    """{package: installed version, None when it is not installed} of fp4lab and the packages
+    its numbers depend on (jax, jaxlib, flax, optax, ml_dtypes, numpy)."""
     versions = {}
     for name in _PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
+    return versions
+
+
+def provenance() -> dict[str, Any]:
+    """What made a run: package versions, git revision (and whether the tree had edits),
+    numerics version, python, backend, device kind and host CPU (`cpu`), time."""
+    import jax
+
+    versions = package_versions()
     rev = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no") if rev else ""
     device = jax.devices()[0]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fp4lab.core import cpu_kernels, recipes
-from fp4lab.sweep import compute, programs
+from fp4lab.sweep import compute, programs, records, store
 from fp4lab.train import Config, trainer
 
 CFG = Config(
@@ -49,7 +49,7 @@ def test_the_key_follows_what_the_trace_reads(monkeypatch):
         m.setattr(programs, "_source_digest", lambda: "edited")  # an edited fp4lab
         assert programs.program_key(CFG, _keys(2)) != base
     with monkeypatch.context() as m:
-        m.setattr(programs, "_versions", lambda: {"jax": "0.0"})
+        m.setattr(store, "package_versions", lambda: {"jax": "0.0"})
         assert programs.program_key(CFG, _keys(2)) != base
     with monkeypatch.context() as m:
         here = cpu_kernels.available()
@@ -127,7 +127,7 @@ def test_a_program_that_cannot_be_stored_still_runs(tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(programs.tempfile, "mkstemp", full)
+    monkeypatch.setattr(records.tempfile, "mkstemp", full)
     with pytest.warns(RuntimeWarning, match="cannot store the traced program"):
         program = programs.exported(jax.vmap(trainer.make_train(CFG)), CFG, _keys(2), tmp_path)
     assert program.in_avals and not any(tmp_path.iterdir())
