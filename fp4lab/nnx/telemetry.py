@@ -86,6 +86,13 @@ def _ops(model):
             yield m
 
 
+def _measured(op) -> list[tuple[int, str]]:
+    """(row, layer) of each layer `op` measures: its stat rows less the stacked layers left
+    unquantized (a None rule)."""
+    high = {p for p, r in op.layers if r is None}
+    return [(i, layer) for i, layer in enumerate(op.stat_layers()) if layer not in high]
+
+
 def _flatten(layer: str, table: jax.Array, operands) -> dict[str, jax.Array]:
     out = {}
     for i, (gemm, operand) in enumerate(operands):
@@ -122,10 +129,7 @@ def collect(model, probe_grads=None) -> dict[str, jax.Array]:
         bwd = probes.get(tuple(paths[id(op)]))
         if bwd is not None:
             bwd = bwd.reshape(-1, len(BWD_OPERANDS), len(STATS))
-        high = {p for p, r in op.layers if r is None}  # stacked layers left unquantized
-        for row, layer in enumerate(op.stat_layers()):
-            if layer in high:
-                continue
+        for row, layer in _measured(op):
             metrics |= _flatten(layer, fwd[row], FWD_OPERANDS)
             if bwd is not None:
                 metrics |= _flatten(layer, bwd[row], BWD_OPERANDS)
@@ -151,10 +155,8 @@ def _depth_order(model, calls) -> dict[str, int]:
         body = (body if body >= 0 else n) if stacked else -1
         if op is None:
             continue
-        high = {p for p, r in op.layers if r is None}
-        for i, layer in enumerate(op.stat_layers()):
-            if layer not in high:
-                order.setdefault(layer, (body, i, n) if stacked else (n, i, 0))
+        for i, layer in _measured(op):
+            order.setdefault(layer, (body, i, n) if stacked else (n, i, 0))
     ranked = sorted(order, key=order.get)
     return {depth_key(layer): d for d, layer in enumerate(ranked)}
 
@@ -169,10 +171,7 @@ def _step_depths(model, calls) -> dict[str, jax.Array]:
     trace takes the depths of the last complete trace of a model of the same structure (the
     same graphdef: the same forward, so the same order)."""
     found = _depth_order(model, calls)
-    wanted = set()
-    for op in _ops(model):
-        high = {p for p, r in op.layers if r is None}
-        wanted |= {depth_key(layer) for layer in op.stat_layers() if layer not in high}
+    wanted = {depth_key(layer) for op in _ops(model) for _, layer in _measured(op)}
     # a graphdef's static attributes may be unhashable: its repr, hashed, is the key
     key = hashlib.sha256(repr(nnx.graphdef(model)).encode()).hexdigest()
     if wanted <= set(found):
