@@ -5,7 +5,8 @@ A run is one cell at one seed triple. The seeds of a cell run as vmapped calls o
 on the batch width, so a fixed width makes a seed's result independent of which other seeds
 share its call, bit for bit. `compute_cell` takes and returns plain data, so a worker process or
 a Ray task can run it; it is the one place where the host-side sweep reaches the trainer, which
-it imports when first called (a driver that only reads results never loads jax's trainer).
+it imports when first called (a driver that only reads results never loads the trainer, flax
+or optax).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fp4lab.schema import STREAMS
@@ -41,8 +44,6 @@ def use_compile_cache(
     (`fp4lab.sweep.programs`), so a later process skips tracing and lowering as well; this
     process's worker processes inherit the setting.
     """
-    import jax
-
     Path(folder).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
@@ -86,9 +87,7 @@ def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
     """jit(vmap(train)) compiled for `cfg` (cached per process), and its compile seconds;
     with `every` > 0, with the progress callback every `every` steps. With stored programs on
     (`fp4lab.sweep.programs`) and no callback, what compiles is the exported program."""
-    import jax  # lazy, like the trainer: `import fp4lab.sweep` (and `fp4lab --help`) loads no jax
-
-    from fp4lab.train import trainer
+    from fp4lab.train import trainer  # lazy: the trainer (flax, optax) loads on the first cell
 
     if (cfg, every) not in _COMPILED:
         t0 = time.perf_counter()
@@ -125,10 +124,7 @@ def compute_cell(
     callback is compiled (and cached in this process) apart from the one without, and jax does
     not write programs with host callbacks to its persistent cache.
     """
-    import jax  # lazy: the trainer and jax load on the first cell (see the module docstring)
-    import jax.numpy as jnp
-
-    from fp4lab.train import tasks, trainer
+    from fp4lab.train import tasks, trainer  # lazy (the module docstring)
     from fp4lab.train.summary import summarize
 
     cfg = Config.from_dict(config)
@@ -181,8 +177,6 @@ def compute_cell(
 def _step_reporter(progress: Callable, keys, chunk: list[tuple], steps: int) -> Callable:
     """The reporter of one vmapped call: tells its seeds apart by their stream keys' data
     (padding copies of the first seed report as the first seed) and passes plain events on."""
-    import jax
-
     data = [np.asarray(jax.random.key_data(keys[s])) for s in STREAMS]
     data = np.concatenate([d.reshape(len(d), -1) for d in data], axis=1)
     seed_of = {}
