@@ -93,7 +93,9 @@ def gemms(recipe, dn, backends, matmul=None, precision=None):
     )
 
     def run(x, w, g):
-        y, vjp = jax.vjp(lambda a, b: scaffold.apply(gemm, a, b, (jax.random.key(0), {})), x, w)
+        y, vjp = jax.vjp(
+            lambda a, b: scaffold.apply(gemm, a, b, (jax.random.key(0), {}, None)), x, w
+        )
         return y, vjp(g)
 
     return jax.jit(run)

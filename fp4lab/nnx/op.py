@@ -49,10 +49,24 @@ __all__ = [
     "QuantizedAttention",
     "einsum_dimension_numbers",
     "record_calls",
+    "measuring",
 ]
 
 
 _CALLS: list | None = None  # while `record_calls` runs: the ops called, in order (at trace time)
+_WHEN: list = [None]  # while `measuring(flag)` runs: the traced flag the ops measure under
+
+
+@contextlib.contextmanager
+def measuring(flag):
+    """Inside the block, ops with telemetry measure where the traced boolean `flag` holds (a
+    lax.cond in each op; zero statistics elsewhere) instead of on every call, so one traced step
+    serves the steps with statistics and those without. None: every call (the default)."""
+    _WHEN.append(flag)
+    try:
+        yield
+    finally:
+        _WHEN.pop()
 
 
 @contextlib.contextmanager
@@ -149,8 +163,10 @@ class QuantizedOp(nnx.Module):
                     "pass quantize_model(..., key=...)"
                 )
             paths = [p for p, _ in self.layers] or [path]
-            bases = [jax.random.fold_in(key, zlib.crc32(p.encode())) for p in paths]
-            self.qbase = QuantKey(jnp.stack(bases) if lead else bases[0])
+            # fold_in(key, crc32(path)) of every path, as one Threefry hash (bit for bit)
+            crcs = jnp.asarray([zlib.crc32(p.encode()) for p in paths], jnp.uint32)
+            bases = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, crcs)
+            self.qbase = QuantKey(bases if lead else bases[0])
             self.qcount = QuantKey(jnp.zeros(lead, jnp.uint32))
         else:
             self.qbase = self.qcount = None
@@ -262,6 +278,7 @@ class QuantizedOp(nnx.Module):
                 return y
             return y, jnp.zeros((len(FWD_OPERANDS), len(STATS)), jnp.float32)
         kw = dict(key=key, backend=self.backend, probe=probe, amax=amax, stats=self.stats_method)
+        kw["measure"] = _WHEN[-1] if probe is not None else None
         return qdot_general(lhs, rhs, recipe=recipe, **kw, **dot_args)
 
     def einsum(
@@ -319,8 +336,15 @@ class QuantizedConv(QuantizedOp):
             quantized = functools.partial(conv, *inputs, *args[2:], **kwargs)
             return self._shadow(plain(*args, **kwargs), quantized, 0)
         probe = self._probe(0)
+        when = _WHEN[-1] if probe is not None else None
         out = qconv_general_dilated(
-            *args, recipe=self.recipe, key=key, probe=probe, stats=self.stats_method, **kwargs
+            *args,
+            recipe=self.recipe,
+            key=key,
+            probe=probe,
+            stats=self.stats_method,
+            measure=when,
+            **kwargs,
         )
         return self._record(out, probe, 0)
 

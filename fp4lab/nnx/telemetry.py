@@ -29,6 +29,12 @@ cotangents leave through `DriftTap` inputs (zeros added to the output by an iden
 cotangent is the output's), whose shapes a `jax.eval_shape` of the forward finds first. The
 model's own step is the same computation with or without it (bit for bit).
 
+When to measure: `set_enabled(model, on)` is static (a step compiled with statistics and one
+without); `value_and_grad(..., when=flag)` takes a traced boolean instead, and each op computes
+its statistics behind a `lax.cond` on it (zeros where it is false, the same keys,
+`metric_keys`), from a quantization of its own: the GEMMs get the operands of a run without
+telemetry, and one compiled step serves the steps that measure and those that do not.
+
 Metrics are flat dicts with the keys of `fp4lab.schema` (`quant/<layer>/<gemm>/<operand>/<stat>`,
 `grad/<layer>/<stat>`, `acc/<layer>/<direction>/<stat>`, and `depth/<layer>`: each layer's
 position in the forward's order of quantized ops, recorded as the step is traced, so figures can
@@ -44,7 +50,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4lab.core.stats import cosine, operand_stats, relative_drift
-from fp4lab.nnx.op import QuantizedOp, record_calls
+from fp4lab.nnx.op import QuantizedOp, measuring, record_calls
 from fp4lab.nnx.rules import unquantize
 from fp4lab.nnx.state import DriftCapture, DriftTap, GradProbe, OpStats
 from fp4lab.schema import (
@@ -73,6 +79,7 @@ __all__ = [
     "value_and_grad",
     "collect",
     "depths",
+    "metric_keys",
     "set_enabled",
     "exact_grads",
     "shadow_metrics",
@@ -136,6 +143,19 @@ def collect(model, probe_grads=None) -> dict[str, jax.Array]:
     return metrics
 
 
+def metric_keys(model) -> list[str]:
+    """The keys of the metrics `value_and_grad` (without the shadow) returns for `model`, in
+    order, known before a step is traced: quant/ keys of every measured layer's operands, and
+    its depth/ key."""
+    keys = []
+    for op in _ops(model):
+        for _, layer in _measured(op):
+            for operands in (FWD_OPERANDS, BWD_OPERANDS):
+                keys += [quant_key(layer, g, o, stat) for g, o in operands for stat in STATS]
+            keys.append(depth_key(layer))
+    return keys
+
+
 def depths(model, calls) -> dict[str, jax.Array]:
     """depth/<layer> of every measured layer: its position in the forward's order, from the
     op paths `calls` (`fp4lab.nnx.op.record_calls`). Ops standing for stacked layers that are
@@ -182,7 +202,7 @@ def _step_depths(model, calls) -> dict[str, jax.Array]:
     return {k: jnp.float32(d) for k, d in _DEPTHS.get(key, found).items()}
 
 
-def value_and_grad(loss_fn, *, has_aux: bool = False, shadow: bool = False):
+def value_and_grad(loss_fn, *, has_aux: bool = False, shadow: bool = False, when=None):
     """Like nnx.value_and_grad(loss_fn) on the model (first argument), with telemetry.
 
     Returns a function (model, *args) -> (value, param_grads, metrics): the Param gradients
@@ -191,13 +211,21 @@ def value_and_grad(loss_fn, *, has_aux: bool = False, shadow: bool = False):
     scale-invariant, so a loss scale in `loss_fn` leaves them unchanged) and the accumulated
     drift of every measured op (module docstring); the model, its state updates and the
     gradients are the same as without it.
+
+    `when`: a traced boolean scalar (e.g. `step % k == 0` inside a scanned loop): the ops
+    measure only where it holds (`fp4lab.nnx.op.measuring`) and the metrics are zeros
+    elsewhere, with the same keys (`metric_keys`), so one compiled step serves the steps with
+    statistics and those without. Not with `shadow`, whose second, high-precision pass is not
+    switched off.
     """
+    if shadow and when is not None:
+        raise ValueError("telemetry.value_and_grad: `when` does not apply with shadow=True")
 
     def wrapped(model, *args, **kwargs):
         if shadow:
             return _with_shadow(loss_fn, has_aux, model, args, kwargs)
         diff = nnx.DiffState(0, nnx.Any(nnx.Param, GradProbe))
-        with record_calls() as calls:
+        with record_calls() as calls, measuring(when):
             value, grads = nnx.value_and_grad(loss_fn, argnums=diff, has_aux=has_aux)(
                 model, *args, **kwargs
             )

@@ -66,12 +66,14 @@ def qconv_general_dilated(
     key=None,
     probe=None,
     stats: str = "fused",
+    measure=None,
 ):
     """`lax.conv_general_dilated` with Fprop, Dgrad and Wgrad quantized as `recipe` says.
 
     `probe` is telemetry's gradient channel, as in `qdot_general`: when given, returns
     (y, forward statistics) and the probe's cotangent carries the backward statistics;
-    `stats` says how they are computed (`fp4lab.core.stats.METHODS`).
+    `stats` says how they are computed (`fp4lab.core.stats.METHODS`), `measure` when (None:
+    every call; a traced flag: where it is true).
     """
     if out_sharding is not None:
         raise ValueError("qconv_general_dilated does not support out_sharding")
@@ -105,4 +107,4 @@ def qconv_general_dilated(
         kwargs=tuple(sorted((k, _hashable(v)) for k, v in kwargs.items())),
         conv_layout=conv_layout,
     )
-    return scaffold.apply(gemm, lhs, rhs, (key, {}), probe)
+    return scaffold.apply(gemm, lhs, rhs, (key, {}, measure), probe)

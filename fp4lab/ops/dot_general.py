@@ -66,11 +66,8 @@ class DotGemm(Gemm):
         )
         if not self.telemetry:
             return y
-        key, amax = aux  # the native operands are the simulated ones, bit for bit
-        _, _, stats = self.fprop_operands(
-            lhs, rhs, operand_keys(key), amax, rotated=True, stats=True
-        )
-        return y, stats
+        key, amax, when = aux  # the native operands are the simulated ones, bit for bit
+        return y, self.fprop_stats(lhs, rhs, operand_keys(key), amax, when)
 
     def shares_weight(self, lhs_shape, rhs_shape) -> bool:
         return self.backends[:2] == ("simulated",) * 2 and super().shares_weight(
@@ -122,6 +119,7 @@ def qdot_general(
     probe=None,
     amax: dict | None = None,
     stats: str = "fused",
+    measure=None,
 ):
     """`lax.dot_general` with the three GEMMs of training quantized as `recipe` says.
 
@@ -139,6 +137,10 @@ def qdot_general(
         `fp4lab.schema`; when given, returns (y, forward statistics (2, len(STATS))) and the
         probe's cotangent carries the backward statistics (Dgrad dy, Dgrad w, Wgrad x, Wgrad dy).
       stats: how the telemetry computes the statistics, `fp4lab.core.stats.METHODS`.
+      measure: telemetry, with a probe: None measures every call; a traced boolean scalar
+        measures only where it is true (a lax.cond; the statistics are zeros elsewhere), so one
+        compiled step serves steps with and without statistics, and its GEMMs get the same
+        operands either way.
       amax: delayed scaling, {"x": amax, "w": amax}: the outer-scale amax to use for the
         lhs / rhs in every GEMM whose spec has amax_history > 0 (`fp4lab.nnx` keeps the
         histories); default: current scaling.
@@ -159,4 +161,4 @@ def qdot_general(
         preferred_element_type=preferred_element_type,
         backends=tuple(c.backend for c in native.gemm_backends(recipe, backend)),
     )
-    return scaffold.apply(gemm, lhs, rhs, (key, amax), probe)
+    return scaffold.apply(gemm, lhs, rhs, (key, amax, measure), probe)

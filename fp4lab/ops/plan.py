@@ -44,7 +44,7 @@ from fp4lab.core.quantize import quantize_dequantize
 from fp4lab.core.spec import QuantSpec
 from fp4lab.core.stats import operand_stats
 from fp4lab.ops import layout
-from fp4lab.schema import BWD_OPERANDS, OPERAND_NAMES, STATS
+from fp4lab.schema import BWD_OPERANDS, FWD_OPERANDS, OPERAND_NAMES, STATS
 
 __all__ = ["Gemm", "operand_keys", "quantize_operand", "resolve_recipe"]
 
@@ -54,9 +54,12 @@ _TRANSFORM_INDEX = {"fprop": 100, "dgrad": 101, "wgrad": 102}
 def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
     """Independent keys for the six operands and the three GEMM rotations of one call:
     operand i of `OPERAND_NAMES` gets fold_in(key, i), GEMM g's rotation `<g>_transform`."""
-    ks = {name: jax.random.fold_in(key, i) for i, name in enumerate(OPERAND_NAMES)}
-    ks |= {f"{g}_transform": jax.random.fold_in(key, i) for g, i in _TRANSFORM_INDEX.items()}
-    return ks
+    names = [*OPERAND_NAMES, *(f"{g}_transform" for g in _TRANSFORM_INDEX)]
+    data = jnp.asarray([*range(len(OPERAND_NAMES)), *_TRANSFORM_INDEX.values()], jnp.uint32)
+    # one Threefry hash over the nine counters: the keys of nine fold_ins, bit for bit, in a
+    # ninth of the program (every quantized call of every step derives them)
+    ks = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, data)
+    return {name: ks[i] for i, name in enumerate(names)}
 
 
 def resolve_recipe(recipe, key) -> tuple[recipes.GemmRecipe, jax.Array]:
@@ -180,6 +183,16 @@ class Gemm:
             w = _along(w, aw, lambda m: hadamard.unrotate(m, t, tkey)).astype(rhs.dtype)
         return lay.lhs_from(x), lay.rhs_from(w), (jnp.stack([sx, sw]) if stats else None)
 
+    def fprop_stats(self, lhs, rhs, keys, amax, when=None):
+        """The Fprop operands' statistics (2, len(STATS)): computed as they are quantized when
+        `when` is None, else only where the traced flag `when` holds (a lax.cond whose other
+        branch gives zeros), from a quantization of their own that the GEMM does not use."""
+
+        def stats():
+            return self.fprop_operands(lhs, rhs, keys, amax, rotated=True, stats=True)[2]
+
+        return stats() if when is None else _when(when, stats, (len(FWD_OPERANDS), len(STATS)))
+
     def shares_weight(self, lhs_shape, rhs_shape) -> bool:
         """Whether Dgrad's quantized w is Fprop's, bit for bit, so the backward can take it.
 
@@ -233,14 +246,27 @@ class Gemm:
             raises = raises or (tokens % need != 0 and not self_padding)
         return -(-tokens // multiple) * multiple if raises else tokens
 
-    def backward_operands(self, lhs, rhs, g, keys, amax, saved=None):
+    def backward_operands(self, lhs, rhs, g, keys, amax, saved=None, when=None):
         """(w for Dgrad, dy for Dgrad, x for Wgrad, dy for Wgrad) in the original layouts, as
         the backward mode says, and the statistics (4, len(STATS)) of `BWD_OPERANDS` or None.
         `saved`: what `forward_saving` kept where `shares_weight` holds: Fprop's quantized w,
-        taken as Dgrad's, and with telemetry its statistics.
+        taken as Dgrad's, and with telemetry its statistics. `when` (telemetry): None measures
+        the operands as they are quantized; a traced flag measures them only where it holds,
+        as `fprop_stats` does, and the GEMMs get the operands of a run without telemetry.
         Wgrad operands whose token axis needs padding (`token_padding`) come back padded, in
         the op's layout (`grads` contracts them there)."""
-        r, on = self.recipe, self.telemetry
+        if not self.telemetry or when is None or self.recipe.backward != "quantized":
+            return self._backward_operands(lhs, rhs, g, keys, amax, saved, self.telemetry)
+        plain = None if saved is None else (saved[0], None)
+        operands, _ = self._backward_operands(lhs, rhs, g, keys, amax, plain, False)
+
+        def stats():
+            return self._backward_operands(lhs, rhs, g, keys, amax, saved, True)[1]
+
+        return operands, _when(when, stats, (len(BWD_OPERANDS), len(STATS)))
+
+    def _backward_operands(self, lhs, rhs, g, keys, amax, saved, on: bool):
+        r = self.recipe
         zeros = jnp.zeros((len(BWD_OPERANDS), len(STATS)), jnp.float32) if on else None
         if r.backward == "high_precision":
             return (rhs, g, lhs, g), zeros
@@ -285,7 +311,9 @@ class Gemm:
         return operands, (jnp.stack([s0, s1, s2, s3]) if on else None)
 
     def forward(self, lhs, rhs, aux):
-        """y, or (y, forward statistics) with telemetry. aux = (key, amax)."""
+        """y, or (y, forward statistics) with telemetry. aux = (key, amax, when): the
+        quantization key, the delayed-scaling amaxes, and when to measure (telemetry: None
+        always, or a traced flag, see `backward_operands`)."""
         return self._fprop(lhs, rhs, aux)[0]
 
     def forward_saving(self, lhs, rhs, aux):
@@ -298,19 +326,21 @@ class Gemm:
 
     def _fprop(self, lhs, rhs, aux):
         """(`forward`'s output, Fprop's w_hat) of the simulated Fprop."""
-        key, amax = aux
-        x_hat, w_hat, stats = self.fprop_operands(
-            lhs, rhs, operand_keys(key), amax, rotated=True, stats=self.telemetry
-        )
+        key, amax, when = aux
+        keys = operand_keys(key)
+        inline = self.telemetry and when is None  # measured as quantized (else: `fprop_stats`)
+        x_hat, w_hat, stats = self.fprop_operands(lhs, rhs, keys, amax, rotated=True, stats=inline)
+        if self.telemetry and not inline:
+            stats = self.fprop_stats(lhs, rhs, keys, amax, when)
         y = self.gemm(x_hat, w_hat)
         return ((y, stats) if self.telemetry else y), w_hat
 
     def grads(self, lhs, rhs, g, aux, saved=None):
         """(dx, dw, backward statistics or None): Dgrad and Wgrad on the chosen operands;
         `saved` is what `forward_saving` kept."""
-        key, amax = aux
+        key, amax, when = aux
         keys = operand_keys(key)
-        (w_d, dy_d, x_w, dy_w), stats = self.backward_operands(lhs, rhs, g, keys, amax, saved)
+        (w_d, dy_d, x_w, dy_w), stats = self.backward_operands(lhs, rhs, g, keys, amax, saved, when)
         _, vjp_lhs = jax.vjp(lambda a: self.gemm(a, w_d), lhs)
         (dx,) = vjp_lhs(dy_d.astype(g.dtype))
         if isinstance(x_w, _Padded):
@@ -335,6 +365,12 @@ class Gemm:
             )
         _, vjp_rhs = jax.vjp(lambda b: self.gemm(x_w, b), rhs)
         return vjp_rhs(dy_w)[0]
+
+
+def _when(flag, stats, shape):
+    """stats() where the traced `flag` holds, else zeros of `shape` (float32): a lax.cond, so
+    a step that does not measure runs none of the statistics' work."""
+    return jax.lax.cond(flag, stats, lambda: jnp.zeros(shape, jnp.float32))
 
 
 @jax.tree_util.register_pytree_node_class

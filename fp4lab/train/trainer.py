@@ -11,13 +11,19 @@ so a sweep can vary one stream while holding the others fixed. Everything runs i
 on which other seeds share its batch (tested bit for bit).
 
 Precision phases (`Config.phases`) switch the recipe at a step: each phase is its own quantized
-view of the same parameters and optimizer state. Telemetry (every `telemetry_every` steps) runs a
-second compiled step body that measures; the steps between cost what a run without telemetry
-costs. Loss scaling multiplies the loss before differentiation and divides the gradients after;
-the dynamic rule halves the scale and skips the update on a non-finite gradient and doubles it
-after `growth_interval` finite steps. Divergence (the first non-finite loss, or a loss above
-`spike_factor` times the median of the last `spike_window` losses) is recorded, not raised; with
-`stop_on_divergence` the run freezes there and later losses read NaN.
+view of the same parameters and optimizer state. Telemetry (every `telemetry_every` steps) is one
+step body for all steps: its statistics sit behind a `lax.cond` on `t % telemetry_every == 0`,
+so the program holds the step once (what a cached program costs to load grows with its size)
+and a step that does not measure runs none of their work; its GEMMs get the operands of a run
+without telemetry, so the losses are bit-identical to one (tested). With the shadow
+(`Config.shadow`), whose second, high-precision pass is not switched off per step, the measured
+step is a body of its own and the steps between are plain ones; telemetry every step measures
+inline, without the lax.cond. Loss scaling multiplies the loss before differentiation and
+divides the gradients after; the dynamic rule halves the scale and skips the update on a
+non-finite gradient and doubles it after `growth_interval` finite steps. Divergence (the first
+non-finite loss, or a loss above `spike_factor` times the median of the last `spike_window`
+losses) is recorded, not raised; with `stop_on_divergence` the run freezes there and later losses
+read NaN.
 
 `train(keys)` returns arrays: loss, grad_norm and loss_scale per step; eval_loss (held-out,
 under the last phase's recipe, at the end) and eval_hp (the same weights and batches under a
@@ -128,25 +134,27 @@ class Carry(NamedTuple):
     divergence: divergence.Divergence
 
 
-def _gradients(cfg: Config, task: Task, model, batch, scale, measure: bool):
-    """(loss, Param gradients of loss * scale, telemetry metrics); metrics are empty unless
-    `measure`, and hold the shadow's statistics too (shadow gradients and accumulated drift,
-    `fp4lab.nnx.telemetry`) with `cfg.shadow`."""
+def _gradients(cfg: Config, task: Task, model, batch, scale, measure):
+    """(loss, Param gradients of loss * scale, telemetry metrics); metrics are empty when
+    `measure` is False, and hold the shadow's statistics too (shadow gradients and accumulated
+    drift, `fp4lab.nnx.telemetry`) with `cfg.shadow`. `measure`: False, True, or a traced flag
+    (measure where it holds, zero metrics elsewhere; `telemetry.value_and_grad`'s `when`)."""
 
     def scaled_loss(model, batch, scale):
         loss = task.loss(model, batch)
         return loss * scale, loss
 
-    if not measure:
+    if measure is False:
         grad_fn = nnx.value_and_grad(scaled_loss, argnums=nnx.DiffState(0, nnx.Param), has_aux=True)
         (_, loss), grads = grad_fn(model, batch, scale)
         return loss, grads, {}
-    grad_fn = telemetry.value_and_grad(scaled_loss, has_aux=True, shadow=cfg.shadow)
+    when = None if measure is True else measure
+    grad_fn = telemetry.value_and_grad(scaled_loss, has_aux=True, shadow=cfg.shadow, when=when)
     (_, loss), grads, metrics = grad_fn(model, batch, scale)
     return loss, grads, metrics
 
 
-def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, measure: bool):
+def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, measure):
     """One optimizer step: (carry, the model's non-Param state, per-step outputs, metrics)."""
     model = nnx.merge(graphdef, carry.params, rest)
     batch = train_batch(task, keys, t)
@@ -234,9 +242,12 @@ def _run_phase(
 
     state = (carry, rest)
     outs, metrics = [], []
-    if not every:
+    logs = [t for t in range(start, stop) if every and t % every == 0]
+    if not logs:
         state, o = scan(plain, state, jnp.arange(start, stop))
         return state[0], [o], []
+    if not cfg.shadow:
+        return _one_body(every, step, state, start, stop, logs, graph_on, keys, scan, report)
     first_log = -(-start // every) * every  # the first multiple of `every` >= start
     head = min(first_log, stop) - start
     if head:
@@ -259,24 +270,60 @@ def _run_phase(
     return state[0], outs, metrics
 
 
-def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int) -> jax.Array:
-    """Mean held-out loss of `params` over `cfg.eval_batches` batches, under `rules`.
+def _one_body(every, step, state, start, stop, logs, graphdef, keys, scan, report):
+    """Steps [start, stop) as one scanned body that measures where t % every == 0 (`logs`, the
+    steps it measures): (carry, [per-step outputs], [telemetry]). The metrics of the measured
+    steps go into a (len(logs), metrics) buffer in the loop's state, one row per measured step
+    (a per-step output would keep every step's zeros)."""
+    carry, rest = state
+    names = telemetry.metric_keys(nnx.merge(graphdef, carry.params, rest))
+    first = logs[0]
 
-    `rules=None` evaluates the plain model: the high-precision forward (the model's compute
-    dtype, `cfg.dtype`, without any quantization) of the same weights on the same batches.
-    """
-    model = init_model(task, keys)
-    if rules is not None:
-        quantize_model(model, rules, key=jax.random.fold_in(keys["quant"], p))
-    graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+    def body(state, t):
+        (carry, rest), buf = state
+        flag = True if every == 1 else t % every == 0  # every step: no lax.cond, no zeros
+        carry, rest, out, metrics = step(carry, t, graphdef, rest, keys, flag)
+        if sorted(metrics) != sorted(names) or any(metrics[k].dtype != buf.dtype for k in names):
+            raise RuntimeError(  # telemetry.metric_keys and the metrics disagree: a bug
+                "trainer: the step's metrics are not telemetry.metric_keys' float32 scalars"
+            )
+        if report is not None:
+            report(t, keys, out)
+        i = jnp.clip((t - first) // every, 0, len(logs) - 1)
+        row = jnp.where(flag, jnp.stack([metrics[k] for k in names]), buf[i])
+        return ((carry, rest), jax.lax.dynamic_update_index_in_dim(buf, row, i, 0)), out
+
+    buf = jnp.zeros((len(logs), len(names)), jnp.float32)
+    (state, buf), o = scan(body, (state, buf), jnp.arange(start, stop))
+    return state[0], [o], [{k: buf[:, j] for j, k in enumerate(names)}]
+
+
+def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int):
+    """(eval_loss, eval_hp): the mean held-out loss of `params` over `cfg.eval_batches` batches
+    under `rules`, and under the plain model: the high-precision forward (the model's compute
+    dtype, `cfg.dtype`, without any quantization) of the same weights on the same batches. One
+    loop computes both, each batch drawn once."""
+    views = []
+    for r in (rules, None):
+        model = init_model(task, keys)
+        if r is not None:
+            quantize_model(model, r, key=jax.random.fold_in(keys["quant"], p))
+        graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+        views.append((graphdef, rest))
 
     def one(state, i):  # the parameters ride in the carry: nnx.scan inside a scanned model
-        params, rest = state  # needs its graph nodes made at this trace level
-        m = nnx.merge(graphdef, params, rest)
-        loss = task.loss(m, eval_batch(task, keys, i))
-        return (params, nnx.state(m, nnx.Not(nnx.Param))), loss
+        params, rests = state  # needs its graph nodes made at this trace level
+        batch = eval_batch(task, keys, i)
+        losses, new_rests = [], []
+        for (graphdef, _), rest in zip(views, rests, strict=True):
+            m = nnx.merge(graphdef, params, rest)
+            losses.append(task.loss(m, batch))
+            new_rests.append(nnx.state(m, nnx.Not(nnx.Param)))
+        return (params, tuple(new_rests)), tuple(losses)
 
-    return jax.lax.scan(one, (params, rest), jnp.arange(cfg.eval_batches))[1].mean()
+    rests = tuple(rest for _, rest in views)
+    quantized, plain = jax.lax.scan(one, (params, rests), jnp.arange(cfg.eval_batches))[1]
+    return quantized.mean(), plain.mean()
 
 
 def make_train(
@@ -336,10 +383,9 @@ def make_train(
             metrics += m
         result = dict(jax.tree.map(lambda *a: jnp.concatenate(a), *outs))
         if cfg.eval_batches:
-            result["eval_loss"] = _evaluate(
+            result["eval_loss"], result["eval_hp"] = _evaluate(
                 cfg, task, carry.params, phases[-1][2], keys, len(phases)
             )
-            result["eval_hp"] = _evaluate(cfg, task, carry.params, None, keys, len(phases))
         result["diverged_step"] = carry.divergence.step
         result["divergence_kind"] = carry.divergence.kind
         result["telemetry"] = (

@@ -82,7 +82,7 @@ def test_all_three_gemms_natively_match_the_simulator_values_and_gradients(spec,
         gemm = DotGemm(recipe=recipe, dimension_numbers=dn, backends=backends)
 
         def loss(x, w):
-            y = scaffold.apply(gemm, x, w, (jax.random.key(0), {}))
+            y = scaffold.apply(gemm, x, w, (jax.random.key(0), {}, None))
             return jnp.sum(y * _cotangent(y.shape)), y  # the cotangent is fixed, not from y
 
         return jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(x, w)

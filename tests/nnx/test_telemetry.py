@@ -254,6 +254,44 @@ def test_telemetry_does_not_change_the_training_result():
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_traced_flag_measures_where_it_holds_and_changes_no_gradient():
+    # `when`: one compiled step for the steps with statistics and those without (the trainer's)
+    model = MLP(nnx.Rngs(0))
+    quantize_model(model, [Rule(r".*", "nvfp4")], key=jax.random.key(0), telemetry=True)
+    x, y = _data()
+
+    @nnx.jit
+    def flagged(model, flag):
+        return telemetry.value_and_grad(_loss, when=flag)(model, x, y)
+
+    @nnx.jit
+    def always(model):
+        return telemetry.value_and_grad(_loss)(model, x, y)
+
+    @nnx.jit
+    def plain(model):
+        return nnx.value_and_grad(_loss, argnums=nnx.DiffState(0, nnx.Param))(model, x, y)
+
+    # each call draws the next quantization keys: every variant starts from the same state
+    loss_on, grads_on, on = flagged(nnx.clone(model), jnp.bool_(True))
+    loss_off, grads_off, off = flagged(nnx.clone(model), jnp.bool_(False))
+    loss_a, grads_a, want = always(nnx.clone(model))
+    loss_p, grads_p = plain(nnx.clone(model))
+    assert sorted(on) == sorted(off) == sorted(want) == sorted(telemetry.metric_keys(model))
+    for k in want:  # the same statistics, computed in the lax.cond's branch
+        np.testing.assert_array_equal(on[k], want[k], err_msg=k)
+        expected = want[k] if k.startswith("depth/") else 0.0
+        np.testing.assert_array_equal(off[k], expected, err_msg=k)
+    assert float(want["quant/up/wgrad/dy/rel_err"]) > 0.01
+    for loss in (loss_on, loss_off, loss_a):
+        np.testing.assert_array_equal(loss, loss_p)
+    for grads in (grads_on, grads_off, grads_a):
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_p), strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="does not apply with shadow=True"):
+        telemetry.value_and_grad(_loss, shadow=True, when=jnp.bool_(True))
+
+
 def test_logging_every_k_steps_costs_nothing_between_logs():
     import optax
 

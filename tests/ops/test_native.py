@@ -180,7 +180,7 @@ def _value_and_grads(recipe, backends, x, w, dn=DN):
     gemm = DotGemm(recipe=recipe, dimension_numbers=dn, backends=backends)
 
     def loss(x, w):
-        y = scaffold.apply(gemm, x, w, (jax.random.key(0), {}))
+        y = scaffold.apply(gemm, x, w, (jax.random.key(0), {}, None))
         return jnp.sum(y * _cotangent(y.shape))  # fixed: not computed from y
 
     return jax.jit(jax.value_and_grad(loss, (0, 1)))(x, w)
@@ -249,7 +249,9 @@ def test_native_wgrad_pads_a_token_count_the_blocks_do_not_divide():
         gemm = DotGemm(
             recipe=recipe, dimension_numbers=DN, backends=backends, matmul=native.reference_matmul
         )
-        y, vjp = jax.vjp(lambda a, b: scaffold.apply(gemm, a, b, (jax.random.key(0), {})), x, w)
+        y, vjp = jax.vjp(
+            lambda a, b: scaffold.apply(gemm, a, b, (jax.random.key(0), {}, None)), x, w
+        )
         return vjp(_cotangent(y.shape))
 
     sim = grads(("simulated",) * 3)

@@ -103,6 +103,26 @@ def test_same_cell_twice_is_bit_identical():
     assert len(a[0]["telemetry"]["metrics"]) > 0
 
 
+def test_telemetry_changes_no_number_and_matches_the_shadow_runs_statistics():
+    # without the shadow the trainer measures in the one step body, under a lax.cond on the
+    # step; with it, in a measured body of its own: the same statistics, the same training
+    seeds = [(0, 1, 2)]
+    off = run(mlp(recipe="nvfp4", steps=5), seeds)[0]
+    on = run(mlp(recipe="nvfp4", steps=5, telemetry_every=2), seeds)[0]
+    shadow = run(mlp(recipe="nvfp4", steps=5, telemetry_every=2, shadow=True), seeds)[0]
+    for run_ in (on, shadow):
+        for k, v in off["series"].items():
+            np.testing.assert_array_equal(run_["series"][k], v, err_msg=k)
+        assert run_["summary"]["eval_loss"] == off["summary"]["eval_loss"]
+    got, want = on["telemetry"], shadow["telemetry"]
+    assert list(got["steps"]) == list(want["steps"]) == [0, 2, 4]
+    assert set(got["metrics"]) == {k for k in want["metrics"] if k.startswith(("quant/", "depth/"))}
+    for k, v in got["metrics"].items():
+        np.testing.assert_array_equal(v, want["metrics"][k], err_msg=k)
+        if k.endswith("wgrad/dy/rel_err"):
+            assert np.all(np.asarray(v) > 0.01), k  # measured at every logged step, not zeros
+
+
 def test_seed_alone_equals_seed_in_a_batch_of_four():
     cfg = mlp(recipe="nvfp4", telemetry_every=2)  # stochastic rounding: the quant stream is used
     alone = run(cfg, [(3, 4, 5)])
