@@ -298,32 +298,24 @@ def _one_body(every, step, state, start, stop, logs, graphdef, keys, scan, repor
     return state[0], [o], [{k: buf[:, j] for j, k in enumerate(names)}]
 
 
-def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int):
-    """(eval_loss, eval_hp): the mean held-out loss of `params` over `cfg.eval_batches` batches
-    under `rules`, and under the plain model: the high-precision forward (the model's compute
-    dtype, `cfg.dtype`, without any quantization) of the same weights on the same batches. One
-    loop computes both, each batch drawn once."""
-    views = []
-    for r in (rules, None):
-        model = init_model(task, keys)
-        if r is not None:
-            quantize_model(model, r, key=jax.random.fold_in(keys["quant"], p))
-        graphdef, _, rest = nnx.split(model, nnx.Param, ...)
-        views.append((graphdef, rest))
+def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int) -> jax.Array:
+    """Mean held-out loss of `params` over `cfg.eval_batches` batches, under `rules`.
+
+    `rules=None` evaluates the plain model: the high-precision forward (the model's compute
+    dtype, `cfg.dtype`, without any quantization) of the same weights on the same batches.
+    """
+    model = init_model(task, keys)
+    if rules is not None:
+        quantize_model(model, rules, key=jax.random.fold_in(keys["quant"], p))
+    graphdef, _, rest = nnx.split(model, nnx.Param, ...)
 
     def one(state, i):  # the parameters ride in the carry: nnx.scan inside a scanned model
-        params, rests = state  # needs its graph nodes made at this trace level
-        batch = eval_batch(task, keys, i)
-        losses, new_rests = [], []
-        for (graphdef, _), rest in zip(views, rests, strict=True):
-            m = nnx.merge(graphdef, params, rest)
-            losses.append(task.loss(m, batch))
-            new_rests.append(nnx.state(m, nnx.Not(nnx.Param)))
-        return (params, tuple(new_rests)), tuple(losses)
+        params, rest = state  # needs its graph nodes made at this trace level
+        m = nnx.merge(graphdef, params, rest)
+        loss = task.loss(m, eval_batch(task, keys, i))
+        return (params, nnx.state(m, nnx.Not(nnx.Param))), loss
 
-    rests = tuple(rest for _, rest in views)
-    quantized, plain = jax.lax.scan(one, (params, rests), jnp.arange(cfg.eval_batches))[1]
-    return quantized.mean(), plain.mean()
+    return jax.lax.scan(one, (params, rest), jnp.arange(cfg.eval_batches))[1].mean()
 
 
 def make_train(
@@ -383,9 +375,10 @@ def make_train(
             metrics += m
         result = dict(jax.tree.map(lambda *a: jnp.concatenate(a), *outs))
         if cfg.eval_batches:
-            result["eval_loss"], result["eval_hp"] = _evaluate(
+            result["eval_loss"] = _evaluate(
                 cfg, task, carry.params, phases[-1][2], keys, len(phases)
             )
+            result["eval_hp"] = _evaluate(cfg, task, carry.params, None, keys, len(phases))
         result["diverged_step"] = carry.divergence.step
         result["divergence_kind"] = carry.divergence.kind
         result["telemetry"] = (
