@@ -124,7 +124,9 @@ def compute_cell(
     callback is compiled (and cached in this process) apart from the one without, and jax does
     not write programs with host callbacks to its persistent cache.
     """
-    from fp4lab.train import tasks, trainer  # lazy (the module docstring)
+    # lazy, as the module docstring says: the trainer, the tasks and the summary (which imports
+    # the tasks) load flax and optax, which `import fp4lab.sweep` does not
+    from fp4lab.train import tasks, trainer
     from fp4lab.train.summary import summarize
 
     cfg = Config.from_dict(config)
