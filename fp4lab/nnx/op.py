@@ -53,8 +53,9 @@ __all__ = [
 ]
 
 
-_CALLS: list | None = None  # while `record_calls` runs: the ops called, in order (at trace time)
-_WHEN: list = [None]  # while `measuring(flag)` runs: the traced flag the ops measure under
+# Trace-time contexts, both stacks whose top is what the ops see (blocks may nest):
+_CALLS: list[list[str]] = []  # `record_calls`: the paths of the ops called, in order
+_WHEN: list = [None]  # `measuring(flag)`: the traced flag the ops measure under (None: always)
 
 
 @contextlib.contextmanager
@@ -74,12 +75,17 @@ def record_calls():
     """Records the paths of the quantized ops called inside the block, in call order, as
     they are traced (an op standing for stacked layers once per trace of the scanned body):
     the forward's order, which telemetry turns into each layer's depth."""
-    global _CALLS
-    outer, _CALLS = _CALLS, []
+    _CALLS.append([])
     try:
-        yield _CALLS
+        yield _CALLS[-1]
     finally:
-        _CALLS = outer
+        _CALLS.pop()
+
+
+def _measure_flag(probe):
+    """When an op with this probe measures: the innermost `measuring` flag; None without
+    telemetry (the probe is None) or outside `measuring` (every call)."""
+    return _WHEN[-1] if probe is not None else None
 
 
 def _history(choices, names: tuple[str, ...]) -> tuple[int, str]:
@@ -180,8 +186,8 @@ class QuantizedOp(nnx.Module):
     def next_key(self) -> jax.Array | None:
         """The quantization key of this call (None for a deterministic recipe); every call of
         the op draws one, first thing, so this is also where a call is recorded."""
-        if _CALLS is not None:
-            _CALLS.append(self.path)
+        if _CALLS:
+            _CALLS[-1].append(self.path)
         if self.qbase is None:
             return None
         count = self.qcount[...]
@@ -278,7 +284,7 @@ class QuantizedOp(nnx.Module):
                 return y
             return y, jnp.zeros((len(FWD_OPERANDS), len(STATS)), jnp.float32)
         kw = dict(key=key, backend=self.backend, probe=probe, amax=amax, stats=self.stats_method)
-        kw["measure"] = _WHEN[-1] if probe is not None else None
+        kw["measure"] = _measure_flag(probe)
         return qdot_general(lhs, rhs, recipe=recipe, **kw, **dot_args)
 
     def einsum(
@@ -336,7 +342,7 @@ class QuantizedConv(QuantizedOp):
             quantized = functools.partial(conv, *inputs, *args[2:], **kwargs)
             return self._shadow(plain(*args, **kwargs), quantized, 0)
         probe = self._probe(0)
-        when = _WHEN[-1] if probe is not None else None
+        when = _measure_flag(probe)
         out = qconv_general_dilated(
             *args,
             recipe=self.recipe,
