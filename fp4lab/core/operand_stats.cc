@@ -20,8 +20,9 @@
 // elements (whole block rows, fixed by the shape), which the threads of XLA's pool share;
 // the parts are then added in order, lane by lane. So the products are exact and the sums
 // the same IEEE operations in the same order whatever the number of threads and on every
-// x86-64 CPU (built with -ffp-contract=off; the AVX2 clone and the baseline code compute the
-// same lanes). The counts are exact; the fractions are correctly rounded float32 divisions.
+// x86-64 CPU (built with -ffp-contract=off; the AVX-512, AVX2 and baseline clones compute the
+// same eight lanes, as one, two or four vector registers). The counts are exact; the fractions
+// are correctly rounded float32 divisions.
 
 #include <algorithm>
 #include <atomic>
@@ -41,7 +42,7 @@ namespace {
 
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
-typedef double v4d __attribute__((vector_size(32), aligned(8)));
+typedef double v8d __attribute__((vector_size(64), aligned(8)));  // lane l: element k % 8 == l
 
 inline v8f Load(const float* p) {
   v8f v;
@@ -58,13 +59,7 @@ inline v8f Abs(const v8f& x) {
   return v;
 }
 
-inline v4d Lo(const v8f& v) {
-  return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), v4d);
-}
-
-inline v4d Hi(const v8f& v) {
-  return __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), v4d);
-}
+inline v8d Wide(const v8f& v) { return __builtin_convertvector(v, v8d); }  // exact
 
 inline bool Any(const v8i& m) {  // a lane of m is set: three shuffled ORs, then lane 0
   const v8i a = m | __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3);
@@ -82,7 +77,7 @@ inline void Or(int32_t* p, const v8i& m) {  // p[0..7] |= m
 // The sums and counts of one group: eight lanes, and a scalar tail for rows whose length is
 // not a multiple of 8 (and block widths that are neither 1 nor a multiple of 8).
 struct Acc {
-  v4d sxx[2] = {}, see[2] = {}, sab[2] = {}, ser[2] = {};
+  v8d sxx = {}, see = {}, sab = {}, ser = {};
   v8i nz = {}, fl = {}, sat = {};
   double tail[4] = {0, 0, 0, 0};
   int64_t nz64 = 0, fl64 = 0, sat64 = 0, chunks = 0;
@@ -91,15 +86,11 @@ struct Acc {
   inline void Chunk(const float* xp, const float* hp, const float* vp, float vmax, v8i& mx,
                     v8i& mh) {
     const v8f x = Load(xp), h = Load(hp), v = Load(vp), ax = Abs(x), ah = Abs(h);
-    const v4d xl = Lo(x), xu = Hi(x), dl = Lo(h) - xl, du = Hi(h) - xu;
-    sxx[0] += xl * xl;
-    sxx[1] += xu * xu;
-    see[0] += dl * dl;
-    see[1] += du * du;
-    sab[0] += Lo(ax);
-    sab[1] += Hi(ax);
-    ser[0] += dl;
-    ser[1] += du;
+    const v8d xd = Wide(x), d = Wide(h) - xd;
+    sxx += xd * xd;
+    see += d * d;
+    sab += Wide(ax);
+    ser += d;
     mx = x != 0.0f;
     mh = h != 0.0f;
     nz -= mx;  // masks are -1 where true
@@ -132,7 +123,7 @@ struct Acc {
 };
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FP4LAB_CLONES __attribute__((target_clones("avx2", "default")))
+#define FP4LAB_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define FP4LAB_CLONES
 #endif
@@ -197,17 +188,15 @@ FP4LAB_CLONES void Rows(const float* __restrict X, const float* __restrict H,
 
 // The statistics of one group from its parts, combined in the parts' order lane by lane.
 void Finish(const Part* parts, int64_t nparts, int64_t elements, int64_t blocks, float* out) {
-  v4d acc[4][2] = {};
+  v8d acc[4] = {};
   double tail[4] = {0, 0, 0, 0};
   int64_t nz = 0, fl = 0, sat = 0, under = 0;
   for (int64_t c = 0; c < nparts; ++c) {
     const Part& p = parts[c];
-    for (int j = 0; j < 2; ++j) {
-      acc[0][j] += p.a.sxx[j];
-      acc[1][j] += p.a.see[j];
-      acc[2][j] += p.a.sab[j];
-      acc[3][j] += p.a.ser[j];
-    }
+    acc[0] += p.a.sxx;
+    acc[1] += p.a.see;
+    acc[2] += p.a.sab;
+    acc[3] += p.a.ser;
     for (int j = 0; j < 4; ++j) tail[j] += p.a.tail[j];
     nz += p.a.nz64;
     fl += p.a.fl64;
@@ -216,7 +205,7 @@ void Finish(const Part* parts, int64_t nparts, int64_t elements, int64_t blocks,
   }
   double s[4] = {0, 0, 0, 0};  // lanes 0..7 in order, then the tail
   for (int q = 0; q < 4; ++q) {
-    for (int l = 0; l < 8; ++l) s[q] += acc[q][l / 4][l % 4];
+    for (int l = 0; l < 8; ++l) s[q] += acc[q][l];
     s[q] += tail[q];
   }
   const double nx = std::sqrt(s[0]);
