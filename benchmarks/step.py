@@ -155,10 +155,6 @@ def measure(rows: dict, tokens, reps: int, warmup: int) -> tuple[dict, dict, dic
     return first, median, {name: 1e3 * min(ts) for name, ts in times.items()}, times
 
 
-def verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=10, help="timed steps per row")
