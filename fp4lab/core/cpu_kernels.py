@@ -17,7 +17,9 @@ needs C++17 with GCC's vector extensions (GCC 12 or newer, or Clang); with an ol
 the build fails, and `fp4lab.core.stats` falls back to its reference formulas, saying so.
 The flags leave no room for the compiler to reorder float arithmetic (-ffp-contract=off, no
 fast-math), so a kernel's sums are the same IEEE operations in the same order on any CPU.
-`available()` says whether the kernels could be built here and `build_error()` why not.
+`available()` says whether the kernels could be built here and `build_error()` why not;
+`compile_command()` is the command itself (the tests build each CPU's copy of the kernel's loop
+with it, to check that they all give the same bits).
 """
 
 from __future__ import annotations
@@ -37,9 +39,17 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-__all__ = ["TARGETS", "available", "build_error", "block_stats", "cache_folder"]
+__all__ = [
+    "SOURCE",
+    "TARGETS",
+    "available",
+    "build_error",
+    "block_stats",
+    "cache_folder",
+    "compile_command",
+]
 
-_SOURCE = Path(__file__).with_name("operand_stats.cc")
+SOURCE = Path(__file__).with_name("operand_stats.cc")  # the kernels' C++ source
 _TARGET = "fp4lab_operand_stats"
 TARGETS = (_TARGET,)  # the FFI targets the kernels register (what a compiled program may call)
 _FLAGS = (
@@ -68,19 +78,27 @@ def _compiler() -> str | None:
     return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
 
 
+def compile_command(extra: tuple[str, ...] = ()) -> list[str] | None:
+    """The command that builds `SOURCE` into a shared library (source and `-o` to append),
+    with `extra` flags after the fixed ones (e.g. "-mavx2"); None without a C++ compiler."""
+    cxx = _compiler()
+    if cxx is None:
+        return None
+    return [cxx, *_FLAGS, *extra, "-I", jax.ffi.include_dir()]
+
+
 @functools.cache
 def _build() -> tuple[ctypes.CDLL | None, str]:
     """(the loaded library, "") or (None, why it could not be built); once per process."""
-    cxx = _compiler()
-    if cxx is None:
+    command = compile_command()
+    if command is None:
         return None, "no C++ compiler found (set CXX, or install g++ or clang++)"
-    include = jax.ffi.include_dir()
-    command = [cxx, *_FLAGS, "-I", include]
+    cxx = command[0]
     digest = hashlib.sha256()
-    digest.update(_SOURCE.read_bytes())
+    digest.update(SOURCE.read_bytes())
     digest.update(" ".join([jaxlib.__version__, platform.machine(), cxx, *_FLAGS]).encode())
     folder = cache_folder()
-    lib = folder / f"{_SOURCE.stem}-{digest.hexdigest()[:16]}.so"
+    lib = folder / f"{SOURCE.stem}-{digest.hexdigest()[:16]}.so"
     if not lib.exists():
         tmp = None
         try:
@@ -90,7 +108,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
             os.close(fd)
             run = subprocess.run(
-                [*command, str(_SOURCE), "-o", tmp], capture_output=True, text=True, check=False
+                [*command, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=False
             )
             if run.returncode:
                 return None, f"{' '.join(command)} failed:\n{run.stderr.strip()[-2000:]}"

@@ -122,10 +122,18 @@ struct Acc {
   }
 };
 
+// The per-CPU copies of the hot loop, picked at load time. A build may define FP4LAB_CLONES
+// (empty: one copy for the -m flags it is built with; the clones' determinism test does) and
+// FP4LAB_STATS_SYMBOL (the handler's name, so such a build registers beside the default one).
+#ifndef FP4LAB_CLONES
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FP4LAB_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define FP4LAB_CLONES
+#endif
+#endif
+#ifndef FP4LAB_STATS_SYMBOL
+#define FP4LAB_STATS_SYMBOL fp4lab_operand_stats
 #endif
 
 // The partial sums and counts of block rows r0 .. r1 - 1 of one group (pa block rows of t1
@@ -288,7 +296,7 @@ ffi::Error OperandStats(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(fp4lab_operand_stats, OperandStats,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FP4LAB_STATS_SYMBOL, OperandStats,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

@@ -6,6 +6,7 @@ moved layout) are the inputs of the numpy formulas; the statistics themselves ar
 here from their definitions in `fp4lab.core.stats`.
 """
 
+import platform
 import warnings
 
 import jax
@@ -221,3 +222,114 @@ def test_kernels_are_built_once_into_the_cache_folder(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
     assert [p.name for p in tmp_path.iterdir()] == [lib.name]
     assert lib.stat().st_mtime_ns == built
+
+
+def _host_cpu_flags() -> set[str]:
+    """The CPU feature flags /proc/cpuinfo lists (empty where it does not exist)."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+_CLONES: dict[str, str] = {}  # variant -> the FFI target its build registered (once a process)
+
+
+def _clone_target(variant: str, flags: tuple[str, ...], folder) -> str:
+    """The kernel built as one copy for `flags` (no target clones), registered under its own
+    FFI target; built once a process."""
+    import ctypes
+    import subprocess
+
+    if variant not in _CLONES:
+        symbol = f"fp4lab_operand_stats_{variant}"
+        lib = folder / f"{symbol}.so"
+        defines = ("-DFP4LAB_CLONES=", f"-DFP4LAB_STATS_SYMBOL={symbol}")
+        command = cpu_kernels.compile_command(defines + flags)
+        subprocess.run(
+            [*command, str(cpu_kernels.SOURCE), "-o", str(lib)], check=True, capture_output=True
+        )
+        handle = ctypes.CDLL(str(lib))
+        jax.ffi.register_ffi_target(symbol, jax.ffi.pycapsule(getattr(handle, symbol)), "cpu")
+        _CLONES[variant] = symbol
+    return _CLONES[variant]
+
+
+def _order_operands(n_rows: int = 5000, row: int = 32):
+    """Operands (x, x_hat) of shape (n_rows, 1, row // 16, 16) whose bias, sum(x_hat - x) /
+    sum|x|, shows the kernel's order of summation, with its value under the documented order
+    (module comment of operand_stats.cc: lane k % 8 of a row, parts of 2048 such block rows
+    added in order lane by lane, then lanes 0..7 in order). x is 1 everywhere, so sum|x| is
+    the element count; x_hat - x is 0 except where a case puts +-2^60 or 1 (2^60 + 1 == 2^60
+    in float64: the 1 is lost when it meets the large value first)."""
+    big, n = 2.0**60, n_rows * row
+    cases = {
+        # one lane: +big, then 100 ones, then -big: the ones are lost, 0 (16 lanes: 100)
+        "within a lane": (
+            [(0, 0, big), (200, 0, -big)] + [(r, 8, 1.0) for r in range(1, 101)],
+            0.0,
+        ),
+        # three parts, one lane: +big, -big, 1 added in order: 1 (in reverse: 0)
+        "parts in order": ([(0, 2, big), (2048, 2, -big), (4096, 2, 1.0)], 1.0 / n),
+        # lanes 3, 4, 5 of one part: big, -big, 1 summed in lane order: 1 (as a tree: 0)
+        "lanes in order": ([(0, 3, big), (0, 4, -big), (0, 5, 1.0)], 1.0 / n),
+    }
+    out = {}
+    for name, (entries, bias) in cases.items():
+        x = np.ones((n_rows, row), np.float32)
+        x_hat = x.copy()
+        for r, k, d in entries:
+            x_hat[r, k] = np.float32(1.0 + d)
+        shape = (n_rows, 1, row // 16, 16)
+        out[name] = (x.reshape(shape), x_hat.reshape(shape), np.float32(bias))
+    return out
+
+
+def test_the_kernel_sums_in_its_documented_order():
+    # the bias of operands built so that another order of the float64 sums gives another
+    # value, against the value the documented order gives (worked out by hand above)
+    for name, (x, x_hat, bias) in _order_operands().items():
+        args = tuple(map(jnp.asarray, (x, x_hat, np.zeros_like(x))))
+        got = np.asarray(cpu_kernels.block_stats(*args, 6.0))
+        assert got[STAT["bias"]] == bias, (name, got[STAT["bias"]], bias)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the kernel's clones are x86-64 code")
+def test_every_cpu_clone_of_the_kernel_gives_the_same_bits(tmp_path):
+    # the baseline, AVX2 and AVX-512 copies of the loop (those this CPU can run), each built on
+    # its own, against the dispatching build, on operands of every kernel path (whole chunks in
+    # several parts, 1-wide blocks with a scalar tail, blocks of 4: all scalar), with values
+    # over about 1e-17 to 1e17, zeros and a NaN: the same bits everywhere; and each sums in
+    # the documented order (`test_the_kernel_sums_in_its_documented_order`)
+    host = _host_cpu_flags()
+    variants = {"baseline": ()}
+    variants |= {"avx2": ("-mavx2",)} if "avx2" in host else {}
+    variants |= {"avx512": ("-mavx512f",)} if "avx512f" in host else {}
+    rng = np.random.default_rng(3)
+    shapes = [(2100, 1, 2, 16), (300, 16, 20, 16), (40, 3, 13, 1), (9, 2, 5, 4)]
+    for variant, flags in variants.items():
+        target = _clone_target(variant, flags, tmp_path)
+        for name, (x, x_hat, bias) in _order_operands().items():
+            args = tuple(map(jnp.asarray, (x, x_hat, np.zeros_like(x))))
+            a, t1, b, t2 = x.shape
+            call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((5,), jnp.float32))
+            got = np.asarray(call(*args, pa=a, t1=t1, nb=b, t2=t2, vmax=np.float32(6.0)))
+            assert got[STAT["bias"]] == bias, (variant, name)
+        for shape in shapes:
+            a, t1, b, t2 = shape
+            call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((5,), jnp.float32))
+            x = rng.standard_normal(shape) * np.exp(rng.uniform(-40, 40, shape))
+            x = np.where(rng.uniform(size=shape) < 0.05, 0.0, x).astype(np.float32)
+            x_hat = np.where(rng.uniform(size=shape) < 0.1, 0.0, x * 1.07).astype(np.float32)
+            vals = np.round(rng.uniform(-6, 6, shape)).astype(np.float32)
+            for nan in (False, True):
+                if nan:
+                    x = x.copy()
+                    x.flat[7] = np.nan
+                args = tuple(map(jnp.asarray, (x, x_hat, vals)))
+                want = np.asarray(cpu_kernels.block_stats(*args, 6.0))
+                got = np.asarray(call(*args, pa=a, t1=t1, nb=b, t2=t2, vmax=np.float32(6.0)))
+                assert got.tobytes() == want.tobytes(), (variant, shape, nan, got, want)
