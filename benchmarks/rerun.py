@@ -13,9 +13,10 @@ of it spent compiling. Goal: under 10 %.
     python benchmarks/rerun.py --seeds 2 --steps 60 # shorter
     python benchmarks/rerun.py --experiment experiments/other.py --workers 2
 
-With `--workers` above 1 the compile seconds of cells that load in parallel overlap, so their
-sum can exceed the wall time they took; the share is then an upper bound. The load average is
-printed at the start and the end: on a loaded machine both the loads and the compute slow down.
+With `--workers` above 1 the cells' seconds overlap (and each worker has a share of the cores),
+so the script gives compiling as a share of the workers' time (workers x wall) and no verdict:
+the goal is measured with one worker. The load average is printed at the start and the end: on
+a loaded machine both the loads and the compute slow down.
 """
 
 from __future__ import annotations
@@ -85,14 +86,23 @@ def main(argv=None) -> None:
         w = float(group["wall_s"].sum())  # per-seed shares of the vmapped calls
         compile_s, computing = compile_s + c, computing + w
         print(f"| {cell} | {len(group)} | {c:.2f} | {w:.1f} |")
-    share = compile_s / wall
-    rest = wall - compile_s - computing
-    print(
-        f"\nsecond run: {wall:.1f} s wall; compiling {compile_s:.1f} s ({100 * share:.1f} %), "
-        f"computing {computing:.1f} s, the rest (start-up, writing, figures) {rest:.1f} s"
-    )
-    verdict = "met" if share < GOAL else "NOT met"
-    print(f"goal: compiling < {100 * GOAL:.0f} % of the second run's wall time -> {verdict}")
+    if args.workers == 1:
+        share = compile_s / wall
+        rest = wall - compile_s - computing
+        print(
+            f"\nsecond run: {wall:.1f} s wall; compiling {compile_s:.1f} s ({100 * share:.1f} "
+            f"%), computing {computing:.1f} s, the rest (start-up, writing, figures) {rest:.1f} s"
+        )
+        verdict = "met" if share < GOAL else "NOT met"
+        print(f"goal: compiling < {100 * GOAL:.0f} % of the second run's wall time -> {verdict}")
+    else:  # the workers' seconds overlap: a share of their time, not of the wall's
+        held = args.workers * wall
+        print(
+            f"\nsecond run: {wall:.1f} s wall; summed over its {args.workers} workers, "
+            f"compiling {compile_s:.1f} s and computing {computing:.1f} s: compiling is "
+            f"{100 * compile_s / held:.1f} % of the workers' {held:.1f} s"
+        )
+        print("goal (measured with one worker): run without --workers for the verdict")
     ends = ", ".join(f"{a:.2f}" for a in os.getloadavg())
     print(
         f"load average: {load_start[0]:.2f} at the start, {load_rerun[0]:.2f} before the "
