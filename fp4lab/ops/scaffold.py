@@ -62,8 +62,7 @@ def apply(gemm, lhs, rhs, aux, probe=None):
       gemm: a static `Gemm`; `gemm.telemetry` must be True exactly when `probe` is given.
       lhs, rhs: the op's operands.
       aux: (key, amax dict, when), not differentiated; `when` (telemetry): None measures every
-        call, a traced boolean only the calls where it holds (`fp4lab.ops.plan`); (key, amax
-        dict) stands for (key, amax dict, None).
+        call, a traced boolean only the calls where it holds (`fp4lab.ops.plan`).
       probe: telemetry's zero input of shape (len(BWD_OPERANDS), len(STATS)), or None.
     Returns:
       y, or (y, forward statistics) with telemetry; the probe's cotangent carries the backward
@@ -71,6 +70,4 @@ def apply(gemm, lhs, rhs, aux, probe=None):
     """
     if gemm.telemetry != (probe is not None):
         raise ValueError("apply: pass a probe exactly when gemm.telemetry is True")
-    if len(aux) == 2:
-        aux = (*aux, None)
     return _vjp(gemm, lhs, rhs, aux, probe)
