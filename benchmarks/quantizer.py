@@ -7,7 +7,8 @@ backend and prints a markdown table of median times and ratios to:
   jax nvfp4  jax's own NVFP4 quantizer (jax._src.cudnn.scaled_matmul_stablehlo.quantize, with
              a tensor scale g = amax / (6 * 448)) followed by a blockwise dequantization
   qwix nvfp4 qwix.quantize(x, "nvfp4", tiled_axes={1: 16}) + qwix.dequantize, when qwix is
-             installed (qwix's NVFP4 has E4M3 block scales but no second-level tensor scale)
+             installed (the `bench` extra: `pip install -e ".[bench]"`; qwix's NVFP4 has E4M3
+             block scales but no second-level tensor scale)
 
 All methods run in one process and are timed in interleaved rounds (every method once per
 round, in a shuffled order), each call ended with block_until_ready, after compilation and
@@ -15,7 +16,10 @@ warm-up calls. The goal (nvfp4 1x16 at most 2.0x the copy, at least 1.3x faster 
 judged on the per-round ratios: their median, and the sign test's 95 % interval of it
 (`benchmarks/timing.py`), which says when the rounds cannot tell.
 
-    python benchmarks/quantizer.py --size 4096 --reps 20
+    python benchmarks/quantizer.py --size 4096 --reps 61
+
+Each round takes about half a second on two cores; 61 rounds (the default) give an interval
+narrow enough to decide the goal on this machine, where 20 to 31 rounds often did not.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ def timed(fns: dict, x, reps: int, warmup: int) -> dict[str, list[float]]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=4096, help="N of the N x N float32 input")
-    p.add_argument("--reps", type=int, default=20, help="timed repetitions per method")
+    p.add_argument("--reps", type=int, default=61, help="timed rounds (every method once each)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls after compiling")
     args = p.parse_args(argv)
     if args.size % 32:
