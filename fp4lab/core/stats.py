@@ -47,13 +47,21 @@ from fp4lab.core.quantize import (
     dequantize_blocks,
     grid_values,
     quantize_blocks,
+    quantize_dequantize,
     quantize_view,
     restore,
     restore_view,
 )
 from fp4lab.core.spec import QuantSpec
 
-__all__ = ["METHODS", "check_method", "operand_stats", "relative_drift", "cosine"]
+__all__ = [
+    "METHODS",
+    "check_method",
+    "operand_stats",
+    "operand_stats_deferred",
+    "relative_drift",
+    "cosine",
+]
 
 METHODS = ("fused", "reference")  # operand_stats(method=...): see the module docstring
 
@@ -80,6 +88,51 @@ def operand_stats(
     if check_method(method) == "fused" and not _kernel_here():
         method = "reference"
     return _operand_stats(a, spec, key, transform_key, amax, method)
+
+
+def operand_stats_deferred(
+    a: jax.Array, spec: QuantSpec, *, key=None, transform_key=None, amax=None, method="fused"
+):
+    """(x_hat, measure): `operand_stats` with the measuring left for later, e.g. behind a
+    `lax.cond` that runs it only on the steps that record telemetry.
+
+    x_hat is `quantize_dequantize(..., rotated=True)`'s, bit for bit, and `measure()` gives the
+    statistics `operand_stats` gives. With the fused method, `measure` runs only the kernel's
+    pass over the blocks this one quantization made (a training step quantizes each operand
+    once, measured or not); with the reference method (or where the kernel cannot run) it
+    quantizes `a` again in its own layout, as the reference always has.
+    """
+    if check_method(method) == "fused" and _kernel_here():
+        x_hat, parts = _deferred_parts(a, spec, key, transform_key, amax)
+        fmt = formats.get_format(spec.elem)
+        return x_hat, functools.partial(_measure_parts, *parts, fmt)
+    x_hat = quantize_dequantize(
+        a, spec, key=key, transform_key=transform_key, amax=amax, rotated=True
+    )
+
+    def measure():
+        return _operand_stats(a, spec, key, transform_key, amax, "reference")[1]
+
+    return x_hat, measure
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _deferred_parts(a, spec, key, transform_key, amax):
+    """x_hat, and what the kernel measures it from: the blocked input, the element grid
+    values, the blocked x_hat and four-over-six's choices (None without it)."""
+    a = jnp.asarray(a)
+    xb, scaled, scope, transform_key, view = quantize_view(a, spec, key, transform_key, amax)
+    fmt = formats.get_format(spec.elem)
+    xhat_b = dequantize_blocks(scaled, fmt, scope)
+    x_hat = restore_view(xhat_b, spec, a.shape, a.dtype, transform_key, True, view)
+    return x_hat, (xb, scaled.q, xhat_b, scaled.map4)
+
+
+def _measure_parts(xb, q, xhat_b, map4, fmt):
+    """The fused statistics of one quantization from `_deferred_parts`' parts (as `_fused`)."""
+    five = cpu_kernels.block_stats(xb, xhat_b, grid_values(q, fmt), fmt.max)
+    map4 = jnp.float32(0.0) if map4 is None else jnp.mean(map4)
+    return jnp.concatenate([five, map4.astype(jnp.float32)[None]])
 
 
 _warned = []
@@ -134,15 +187,8 @@ def _reference(a, spec, key, transform_key, amax):
 
 
 def _fused(a, spec, key, transform_key, amax):
-    xb, scaled, scope, transform_key, view = quantize_view(a, spec, key, transform_key, amax)
-    fmt = formats.get_format(spec.elem)
-    vals_b = grid_values(scaled.q, fmt)
-    xhat_b = dequantize_blocks(scaled, fmt, scope)
-    five = cpu_kernels.block_stats(xb, xhat_b, vals_b, fmt.max)
-    map4 = jnp.float32(0.0) if scaled.map4 is None else jnp.mean(scaled.map4)
-    stats = jnp.concatenate([five, map4.astype(jnp.float32)[None]])
-    x_hat = restore_view(xhat_b, spec, a.shape, a.dtype, transform_key, True, view)
-    return x_hat, stats
+    x_hat, parts = _deferred_parts(a, spec, key, transform_key, amax)
+    return x_hat, _measure_parts(*parts, formats.get_format(spec.elem))
 
 
 def relative_drift(a: jax.Array, ref: jax.Array) -> jax.Array:

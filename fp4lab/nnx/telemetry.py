@@ -32,8 +32,10 @@ model's own step is the same computation with or without it (bit for bit).
 When to measure: `set_enabled(model, on)` is static (a step compiled with statistics and one
 without); `value_and_grad(..., when=flag)` takes a traced boolean instead, and each op computes
 its statistics behind a `lax.cond` on it (zeros where it is false, the same keys,
-`metric_keys`), from a quantization of its own: the GEMMs get the operands of a run without
-telemetry, and one compiled step serves the steps that measure and those that do not.
+`metric_keys`), measured on the operands its GEMMs take, which are those of a run without
+telemetry (the fused statistics then read the blocks of that one quantization; the reference
+statistics quantize again in their own layout), and one compiled step serves the steps that
+measure and those that do not.
 
 Metrics are flat dicts with the keys of `fp4lab.schema` (`quant/<layer>/<gemm>/<operand>/<stat>`,
 `grad/<layer>/<stat>`, `acc/<layer>/<direction>/<stat>`, and `depth/<layer>`: each layer's

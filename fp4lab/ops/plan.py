@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from fp4lab.core import hadamard, recipes
 from fp4lab.core.quantize import quantize_dequantize
 from fp4lab.core.spec import QuantSpec
-from fp4lab.core.stats import operand_stats
+from fp4lab.core.stats import operand_stats, operand_stats_deferred
 from fp4lab.ops import layout
 from fp4lab.schema import BWD_OPERANDS, FWD_OPERANDS, OPERAND_NAMES, STATS
 
@@ -96,7 +96,10 @@ def quantize_operand(
     """Quantize-dequantize one operand along `axis`, rotated by its GEMM's transform.
 
     Returns (x_hat in the rotated domain, statistics or None); the statistics (computed by
-    `method`, see `fp4lab.core.stats`) are zeros for an unquantized operand. `amax` (delayed
+    `method`, see `fp4lab.core.stats`) are zeros for an unquantized operand. With
+    `stats="deferred"` the second element is a function of no arguments that gives them
+    (`fp4lab.core.stats.operand_stats_deferred`: the fused method measures the blocks of this
+    quantization), for a caller that measures only on some steps. `amax` (delayed
     scaling) is used only where the spec asks for it. A shape the tile or rotation cannot block
     raises a ValueError that names the operand `name` (e.g. "wgrad_x": the Wgrad GEMM's x), the
     axis and the shape in the op's layout.
@@ -114,14 +117,19 @@ def quantize_operand(
 
 
 def _quantize_operand(a, spec, axis, transform, key, tkey, stats, amax, method):
+    deferred = isinstance(stats, str) and stats == "deferred"
     none = jnp.zeros(len(STATS), jnp.float32) if stats else None
     if spec is None and transform is None:
-        return a, none
+        return a, (lambda: none) if deferred else none
     if spec is None:  # unquantized operand of a rotated GEMM: rotate only
         rotated = _along(a, axis, lambda m: hadamard.rotate(m, transform, tkey))
-        return rotated.astype(a.dtype), none
+        return rotated.astype(a.dtype), (lambda: none) if deferred else none
     spec = spec.replace(axis=axis, transform=transform)
     amax = amax if spec.amax_history else None
+    if deferred:
+        return operand_stats_deferred(
+            a, spec, key=key, transform_key=tkey, amax=amax, method=method
+        )
     if stats:
         return operand_stats(a, spec, key=key, transform_key=tkey, amax=amax, method=method)
     return quantize_dequantize(a, spec, key=key, transform_key=tkey, amax=amax, rotated=True), None
@@ -147,9 +155,10 @@ class Gemm:
         """The operand layout (`fp4lab.ops.layout`) for operands of these shapes."""
         raise NotImplementedError
 
-    def fprop_operands(self, lhs, rhs, keys, amax, *, rotated: bool, stats: bool):
+    def fprop_operands(self, lhs, rhs, keys, amax, *, rotated: bool, stats: bool | str):
         """Dequantized Fprop operands in the original layout (in the rotated domain if
-        `rotated`), and their statistics (2, len(STATS)) or None."""
+        `rotated`), and their statistics (2, len(STATS)) or None; with stats="deferred", a
+        function of no arguments that gives them (`quantize_operand`)."""
         r = self.recipe
         lay = self.layout(lhs.shape, rhs.shape)
         t, tkey = r.transform("fprop"), keys["fprop_transform"]
@@ -181,12 +190,15 @@ class Gemm:
         if t is not None and not rotated:
             x = _along(x, ax, lambda m: hadamard.unrotate(m, t, tkey)).astype(lhs.dtype)
             w = _along(w, aw, lambda m: hadamard.unrotate(m, t, tkey)).astype(rhs.dtype)
+        if stats == "deferred":
+            return lay.lhs_from(x), lay.rhs_from(w), lambda: jnp.stack([sx(), sw()])
         return lay.lhs_from(x), lay.rhs_from(w), (jnp.stack([sx, sw]) if stats else None)
 
     def fprop_stats(self, lhs, rhs, keys, amax, when=None):
-        """The Fprop operands' statistics (2, len(STATS)): computed as they are quantized when
-        `when` is None, else only where the traced flag `when` holds (a lax.cond whose other
-        branch gives zeros), from a quantization of their own that the GEMM does not use."""
+        """The Fprop operands' statistics (2, len(STATS)) for a GEMM that quantizes its operands
+        elsewhere (the native one): computed as they are quantized when `when` is None, else
+        only where the traced flag `when` holds (a lax.cond whose other branch gives zeros),
+        from a quantization of their own."""
 
         def stats():
             return self.fprop_operands(lhs, rhs, keys, amax, rotated=True, stats=True)[2]
@@ -251,21 +263,19 @@ class Gemm:
         the backward mode says, and the statistics (4, len(STATS)) of `BWD_OPERANDS` or None.
         `saved`: what `forward_saving` kept where `shares_weight` holds: Fprop's quantized w,
         taken as Dgrad's, and with telemetry its statistics. `when` (telemetry): None measures
-        the operands as they are quantized; a traced flag measures them only where it holds,
-        as `fprop_stats` does, and the GEMMs get the operands of a run without telemetry.
+        the operands as they are quantized; a traced flag measures them only where it holds
+        (a lax.cond over the statistics of the operands the GEMMs take, which are those of a
+        run without telemetry).
         Wgrad operands whose token axis needs padding (`token_padding`) come back padded, in
         the op's layout (`grads` contracts them there)."""
         if not self.telemetry or when is None or self.recipe.backward != "quantized":
             return self._backward_operands(lhs, rhs, g, keys, amax, saved, self.telemetry)
-        plain = None if saved is None else (saved[0], None)
-        operands, _ = self._backward_operands(lhs, rhs, g, keys, amax, plain, False)
-
-        def stats():
-            return self._backward_operands(lhs, rhs, g, keys, amax, saved, True)[1]
-
+        operands, stats = self._backward_operands(lhs, rhs, g, keys, amax, saved, "deferred")
         return operands, _when(when, stats, (len(BWD_OPERANDS), len(STATS)))
 
-    def _backward_operands(self, lhs, rhs, g, keys, amax, saved, on: bool):
+    def _backward_operands(self, lhs, rhs, g, keys, amax, saved, on: bool | str):
+        """`backward_operands` without its lax.cond; `on` as `quantize_operand`'s `stats`
+        (True, False, or "deferred" with the quantized backward only)."""
         r = self.recipe
         zeros = jnp.zeros((len(BWD_OPERANDS), len(STATS)), jnp.float32) if on else None
         if r.backward == "high_precision":
@@ -290,6 +300,8 @@ class Gemm:
             w_d = lay.rhs_from(w_d)
         else:
             w_d, s1 = saved  # Fprop's w and its statistics (`shares_weight`)
+            if on == "deferred":
+                s1 = _given(s1)
         x3 = lay.lhs_to(lhs)
         tx_axis, tdy_axis = lay.token_axes
         tokens = x3.shape[tx_axis]
@@ -308,6 +320,8 @@ class Gemm:
         else:
             x_w, dy_w = lay.lhs_from(x_w), dy_w.reshape(g.shape)
         operands = (w_d, dy_d.reshape(g.shape), x_w, dy_w)
+        if on == "deferred":
+            return operands, lambda: jnp.stack([s0(), s1(), s2(), s3()])
         return operands, (jnp.stack([s0, s1, s2, s3]) if on else None)
 
     def forward(self, lhs, rhs, aux):
@@ -328,10 +342,11 @@ class Gemm:
         """(`forward`'s output, Fprop's w_hat) of the simulated Fprop."""
         key, amax, when = aux
         keys = operand_keys(key)
-        inline = self.telemetry and when is None  # measured as quantized (else: `fprop_stats`)
-        x_hat, w_hat, stats = self.fprop_operands(lhs, rhs, keys, amax, rotated=True, stats=inline)
-        if self.telemetry and not inline:
-            stats = self.fprop_stats(lhs, rhs, keys, amax, when)
+        # with telemetry, measured as quantized, every call (when is None) or behind a lax.cond
+        mode = self.telemetry and (True if when is None else "deferred")
+        x_hat, w_hat, stats = self.fprop_operands(lhs, rhs, keys, amax, rotated=True, stats=mode)
+        if mode == "deferred":
+            stats = _when(when, stats, (len(FWD_OPERANDS), len(STATS)))
         y = self.gemm(x_hat, w_hat)
         return ((y, stats) if self.telemetry else y), w_hat
 
@@ -365,6 +380,11 @@ class Gemm:
             )
         _, vjp_rhs = jax.vjp(lambda b: self.gemm(x_w, b), rhs)
         return vjp_rhs(dy_w)[0]
+
+
+def _given(value):
+    """A function of no arguments that gives `value` (a deferred statistic already known)."""
+    return lambda: value
 
 
 def _when(flag, stats, shape):

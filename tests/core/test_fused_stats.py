@@ -17,8 +17,13 @@ import pytest
 import fp4lab as fl
 from fp4lab.core import cpu_kernels, formats, hadamard
 from fp4lab.core import stats as stats_module
-from fp4lab.core.quantize import dequantize_blocks, grid_values, quantize_blocks
-from fp4lab.core.stats import operand_stats
+from fp4lab.core.quantize import (
+    dequantize_blocks,
+    grid_values,
+    quantize_blocks,
+    quantize_dequantize,
+)
+from fp4lab.core.stats import operand_stats, operand_stats_deferred
 from fp4lab.schema import STATS
 
 H = hadamard.Hadamard
@@ -112,6 +117,32 @@ def test_fused_and_reference_agree(name, shape, axis):
     np.testing.assert_allclose(fused, ref, rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.parametrize("method", ["fused", "reference"])
+@pytest.mark.parametrize("shape, axis", LAYOUTS)
+@pytest.mark.parametrize("name", SPECS)
+def test_deferred_statistics_are_those_of_the_operand_the_gemm_takes(name, shape, axis, method):
+    # x_hat now, the statistics later behind a lax.cond (as a training step measures on some
+    # steps): x_hat is the plain quantizer's bit for bit, the statistics operand_stats' bit for bit
+    spec = SPECS[name].replace(axis=axis)
+    x, key = _x(shape, seed=2), jax.random.key(5)
+
+    @jax.jit
+    def deferred(x, flag):
+        x_hat, measure = operand_stats_deferred(x, spec, key=key, method=method)
+        zeros = jnp.zeros(len(STATS), jnp.float32)
+        return x_hat, jax.lax.cond(flag, measure, lambda: zeros)
+
+    x_on, on = deferred(x, jnp.bool_(True))
+    x_off, off = deferred(x, jnp.bool_(False))
+    want_hat, want = operand_stats(x, spec, key=key, method=method)
+    plain = quantize_dequantize(x, spec, key=key, rotated=True)
+    np.testing.assert_array_equal(x_on, plain)
+    np.testing.assert_array_equal(x_off, plain)
+    np.testing.assert_array_equal(want_hat, plain)
+    np.testing.assert_array_equal(on, want)
+    np.testing.assert_array_equal(off, np.zeros(len(STATS), np.float32))
+
+
 def test_saturation_and_underflow_are_counted_in_the_kernel():
     # a stale amax saturates an FP8 tensor scale; NVFP4 without an outer scale underflows the
     # E4M3 block scale of a block of tiny values
@@ -197,6 +228,9 @@ def test_without_a_kernel_fused_falls_back_to_the_reference_with_a_warning(monke
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         operand_stats(x, spec, key=key)  # said once
+        x_hat, measure = operand_stats_deferred(x, spec, key=key)  # deferred: the same fallback
+    np.testing.assert_array_equal(x_hat, ref[0])
+    np.testing.assert_array_equal(measure(), ref[1])
 
 
 def test_an_unknown_method_is_an_error():
