@@ -26,7 +26,9 @@ The counts behind flush, saturated, underflow and map4 are exact under both meth
 divides them correctly rounded, where the reference's means multiply by a rounded 1/n (so the
 fractions may differ in their last bit). The float statistics agree to float32 rounding.
 Where the kernel cannot run (another backend, or a CPU without a C++ compiler: a warning says
-so once), "fused" computes the reference formulas.
+so once), "fused" computes the reference formulas. `operand_stats_deferred` gives x_hat at once
+and the statistics as a function to call later (a training step calls it behind a `lax.cond`
+on the steps that log): "fused" then measures the blocks of that one quantization.
 
 Two comparisons of a tensor with a reference, for the drift telemetry:
 
