@@ -17,12 +17,16 @@ seconds, the median compile seconds and the line count of the optimized HLO:
                       (TransformerConfig.scan_layers: one block compiled, whatever the depth),
                       fp32 beside nvfp4 at each depth; the first-call ratios and goals follow
 
-Compile time depends on the machine and its load; compare rows measured in one run, or runs on
-the same idle machine.
+The compiles run in rounds, every row once per round (in reverse order every other round), so
+a ratio pairs two rows compiled in the same round; the first-call goals are judged on those
+per-round ratios: their median, and with 6 rounds or more the sign test's 95 % interval of it
+(`benchmarks/timing.py`), which says when the rounds cannot tell. Compile time depends on the
+machine and its load; compare rows measured in one run.
 
-    python benchmarks/compile.py               # all rows, median of 3 compiles each
+    python benchmarks/compile.py               # all rows, 3 rounds
     python benchmarks/compile.py --no-step     # the quantizer and qdot rows only (seconds)
     python benchmarks/compile.py --quick       # the depth rows once each (the first-call goals)
+    python benchmarks/compile.py --only "4 blocks, scan" --reps 9   # the scanned goal, decided
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from timing import goal_verdict, round_ratios  # benchmarks/timing.py
 
 import fp4lab as fl
 from fp4lab.core.quantize import quantize_dequantize
@@ -137,26 +142,33 @@ def cases(with_step: bool) -> dict:
     return rows
 
 
-def measure(make, args, reps: int) -> tuple[float, float, int]:
-    """(median lower seconds, median compile seconds, optimized HLO lines), fresh each time."""
-    lower, compile_, lines = [], [], 0
-    for _ in range(reps):
-        jax.clear_caches()
-        f = jax.jit(make())  # a new function object: nothing cached from the last round
-        t0 = time.perf_counter()
-        lowered = f.lower(*args)
-        t1 = time.perf_counter()
-        compiled = lowered.compile()
-        t2 = time.perf_counter()
-        lower.append(t1 - t0)
-        compile_.append(t2 - t1)
-        lines = len(compiled.as_text().splitlines())
-    return statistics.median(lower), statistics.median(compile_), lines
+def compile_once(make, args) -> tuple[float, float, int]:
+    """(trace + lower seconds, compile seconds, optimized HLO lines) of one fresh compile."""
+    jax.clear_caches()
+    f = jax.jit(make())  # a new function object: nothing cached from the last round
+    t0 = time.perf_counter()
+    lowered = f.lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, len(compiled.as_text().splitlines())
+
+
+def measure(rows: dict, reps: int) -> dict[str, list[tuple[float, float, int]]]:
+    """{row: [compile_once's result per round]}: `reps` rounds, every row once per round, in
+    reverse order every other round (a ratio then pairs compiles of the same round)."""
+    out: dict[str, list] = {name: [] for name in rows}
+    names = list(rows)
+    for r in range(reps):
+        for name in names if r % 2 == 0 else names[::-1]:
+            make, args = rows[name]
+            out[name].append(compile_once(make, args))
+    return out
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=3, help="fresh compiles per row (median)")
+    p.add_argument("--reps", type=int, default=3, help="rounds: fresh compiles per row")
     p.add_argument("--no-step", action="store_true", help="skip the training-step rows")
     p.add_argument("--only", default=None, help="only rows whose name contains this")
     p.add_argument(
@@ -170,18 +182,22 @@ def main(argv=None) -> None:
     if args.only:
         rows = {k: v for k, v in rows.items() if args.only in k}
     dev = jax.devices()[0]
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    times = measure(rows, args.reps)
     print(
         f"compile from scratch on {dev.platform} ({dev.device_kind}), {os.cpu_count()} CPUs, "
-        f"jax {jax.__version__}; median of {args.reps} compiles"
+        f"jax {jax.__version__}; medians of {args.reps} rounds"
+        + (f"; load average at the start {load[0]:.2f}" if load else "")
     )
     print()
     print("| case | trace + lower s | compile s | optimized HLO lines |")
     print("|---|---:|---:|---:|")
     first = {}
-    for name, (make, xs) in rows.items():
-        lo, co, n = measure(make, xs, args.reps)
-        first[name] = lo + co
-        print(f"| {name} | {lo:.2f} | {co:.2f} | {n} |", flush=True)
+    for name, runs in times.items():
+        lo = statistics.median(t[0] for t in runs)
+        co = statistics.median(t[1] for t in runs)
+        first[name] = [t[0] + t[1] for t in runs]
+        print(f"| {name} | {lo:.2f} | {co:.2f} | {runs[-1][2]} |")
     goals(first)
     if hasattr(os, "getloadavg"):
         load = os.getloadavg()
@@ -193,22 +209,31 @@ GOAL_VS_FP32 = 2.5  # nvfp4 first call (trace + lower + compile) at 4 blocks, ag
 GOAL_DEPTH = 1.3  # scanned nvfp4 at 8 blocks against 4 blocks
 
 
-def goals(first: dict) -> None:
-    """The first-call goals, from the depth rows measured in this run."""
+def goals(first: dict[str, list[float]]) -> None:
+    """The first-call goals, from the depth rows measured in this run: {row: first-call
+    seconds per round}, judged on the per-round ratios (`timing.goal_verdict`)."""
     print()
     for layout in ("", ", scan"):
         for layers in (2, 4, 8):
             nv, fp = (first.get(f"step {r}, {layers} blocks{layout}") for r in ("nvfp4", "fp32"))
             if nv is not None and fp is not None:
-                print(f"nvfp4 / fp32 first call, {layers} blocks{layout}: {nv / fp:.2f}x")
+                ratio = statistics.median(round_ratios(nv, fp))
+                print(f"nvfp4 / fp32 first call, {layers} blocks{layout}: {ratio:.2f}x")
     for layout, name in (("", "unrolled"), (", scan", "scanned")):
         nv4, fp4 = (first.get(f"step {r}, 4 blocks{layout}") for r in ("nvfp4", "fp32"))
         if nv4 is not None and fp4 is not None:
             goal = f"nvfp4 first call <= {GOAL_VS_FP32}x fp32's at 4 blocks ({name})"
-            print(f"goal: {goal}: {nv4 / fp4:.2f}x")
+            ratios = round_ratios(nv4, fp4)
+            verdict = goal_verdict(ratios, GOAL_VS_FP32)
+            print(f"goal: {goal}: {statistics.median(ratios):.2f}x -> {verdict}")
     s8, s4 = first.get("step nvfp4, 8 blocks, scan"), first.get("step nvfp4, 4 blocks, scan")
     if s8 is not None and s4 is not None:
-        print(f"goal: scanned 8 blocks <= {GOAL_DEPTH}x 4 blocks: {s8 / s4:.2f}x")
+        ratios = round_ratios(s8, s4)
+        verdict = goal_verdict(ratios, GOAL_DEPTH)
+        print(
+            f"goal: scanned 8 blocks <= {GOAL_DEPTH}x 4 blocks: "
+            f"{statistics.median(ratios):.2f}x -> {verdict}"
+        )
 
 
 if __name__ == "__main__":
