@@ -39,6 +39,7 @@ __all__ = [
     "quantize_blocks",
     "quantize_view",
     "restore_view",
+    "dequantized_view",
     "dequantize_blocks",
     "grid_values",
     "restore",
@@ -404,10 +405,18 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
 
 @functools.partial(jax.jit, static_argnames=("spec", "rotated"))
 def _quantize_dequantize(x, spec, key, transform_key, amax, rotated):
+    return dequantized_view(x, spec, key, transform_key, amax, rotated)[0]
+
+
+def dequantized_view(x, spec: QuantSpec, key, transform_key, amax, rotated: bool):
+    """(x_hat, xb, scaled, xhat_b): x_hat as `quantize_dequantize` computes it, and the blocked
+    view it came from (`quantize_view`'s xb and scaled, and x_hat blocked the same way), for a
+    caller that measures the quantization too (`fp4lab.core.stats`). Not jitted itself."""
     x = jnp.asarray(x)
     xb, scaled, scope, transform_key, view = quantize_view(x, spec, key, transform_key, amax)
     xhat_b = dequantize_blocks(scaled, formats.get_format(spec.elem), scope)
-    return restore_view(xhat_b, spec, x.shape, x.dtype, transform_key, rotated, view)
+    x_hat = restore_view(xhat_b, spec, x.shape, x.dtype, transform_key, rotated, view)
+    return x_hat, xb, scaled, xhat_b
 
 
 def dequantize_blocks(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope) -> jax.Array:

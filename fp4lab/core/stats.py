@@ -47,12 +47,11 @@ import jax.numpy as jnp
 from fp4lab.core import cpu_kernels, formats, scaling
 from fp4lab.core.quantize import (
     dequantize_blocks,
+    dequantized_view,
     grid_values,
     quantize_blocks,
     quantize_dequantize,
-    quantize_view,
     restore,
-    restore_view,
 )
 from fp4lab.core.spec import QuantSpec
 
@@ -120,13 +119,10 @@ def operand_stats_deferred(
 
 @functools.partial(jax.jit, static_argnames=("spec",))
 def _deferred_parts(a, spec, key, transform_key, amax):
-    """x_hat, and what the kernel measures it from: the blocked input, the element grid
-    values, the blocked x_hat and four-over-six's choices (None without it)."""
-    a = jnp.asarray(a)
-    xb, scaled, scope, transform_key, view = quantize_view(a, spec, key, transform_key, amax)
-    fmt = formats.get_format(spec.elem)
-    xhat_b = dequantize_blocks(scaled, fmt, scope)
-    x_hat = restore_view(xhat_b, spec, a.shape, a.dtype, transform_key, True, view)
+    """x_hat (`quantize_dequantize`'s, rotated), and what the kernel measures it from: the
+    blocked input, the element grid values, the blocked x_hat and four-over-six's choices
+    (None without it)."""
+    x_hat, xb, scaled, xhat_b = dequantized_view(a, spec, key, transform_key, amax, True)
     return x_hat, (xb, scaled.q, xhat_b, scaled.map4)
 
 

@@ -117,13 +117,15 @@ def quantize_operand(
 
 
 def _quantize_operand(a, spec, axis, transform, key, tkey, stats, amax, method):
-    deferred = isinstance(stats, str) and stats == "deferred"
+    deferred = stats == "deferred"
     none = jnp.zeros(len(STATS), jnp.float32) if stats else None
+    if deferred:
+        none = _given(none)
     if spec is None and transform is None:
-        return a, (lambda: none) if deferred else none
+        return a, none
     if spec is None:  # unquantized operand of a rotated GEMM: rotate only
         rotated = _along(a, axis, lambda m: hadamard.rotate(m, transform, tkey))
-        return rotated.astype(a.dtype), (lambda: none) if deferred else none
+        return rotated.astype(a.dtype), none
     spec = spec.replace(axis=axis, transform=transform)
     amax = amax if spec.amax_history else None
     if deferred:
