@@ -2,24 +2,28 @@
 
     operand_stats.cc   the telemetry's statistics of one quantized operand in one pass over
                        x, x_hat and the grid values (`fp4lab.core.stats`, method "fused")
+    threefry.cc        the Threefry-2x32 hash of jax's random bits, fold_in and split
+                       (`fp4lab.core.prng`): one instruction of the program instead of the
+                       twenty rounds XLA would compile at every key and every stochastic
+                       rounding
 
 XLA's CPU backend gives every reduction its own pass over its operand, with a full-size
 temporary in front of each; six statistics of every GEMM operand then cost more than the
 training step itself. The kernel reads each element once, in the quantizer's blocked view.
 
-Build: the first process that needs a kernel compiles its source with the C++ compiler
+Build: the first process that needs a kernel compiles the sources with the C++ compiler
 (`$CXX`, else the first of c++, g++, clang++ on the PATH) against the FFI headers of the
-installed jaxlib (`jax.ffi.include_dir()`) into `<name>-<hash>.so` in `cache_folder()`
+installed jaxlib (`jax.ffi.include_dir()`) into one `kernels-<hash>.so` in `cache_folder()`
 ($FP4LAB_KERNEL_CACHE, else <$XDG_CACHE_HOME or ~/.cache>/fp4lab/kernels), where the hash
-covers the source, the jaxlib version, the machine's architecture and the compiler command;
+covers the sources, the jaxlib version, the machine's architecture and the compiler command;
 later processes load that file (a few seconds the first time, nothing after). The source
 needs C++17 with GCC's vector extensions (GCC 12 or newer, or Clang); with an older compiler
 the build fails, and `fp4lab.core.stats` falls back to its reference formulas, saying so.
 The flags leave no room for the compiler to reorder float arithmetic (-ffp-contract=off, no
 fast-math), so a kernel's sums are the same IEEE operations in the same order on any CPU.
 `available()` says whether the kernels could be built here and `build_error()` why not;
-`compile_command()` is the command itself (the tests build each CPU's copy of the kernel's loop
-with it, to check that they all give the same bits).
+`compile_command()` is the command itself (the tests build each CPU's copy of the statistics'
+loop with it, to check that they all give the same bits).
 """
 
 from __future__ import annotations
@@ -45,13 +49,16 @@ __all__ = [
     "available",
     "build_error",
     "block_stats",
+    "threefry",
     "cache_folder",
     "compile_command",
 ]
 
-SOURCE = Path(__file__).with_name("operand_stats.cc")  # the kernels' C++ source
+SOURCE = Path(__file__).with_name("operand_stats.cc")  # the statistics kernel's C++ source
+SOURCES = (SOURCE, Path(__file__).with_name("threefry.cc"))  # built into one library
 _TARGET = "fp4lab_operand_stats"
-TARGETS = (_TARGET,)  # the FFI targets the kernels register (what a compiled program may call)
+_THREEFRY = "fp4lab_threefry"
+TARGETS = (_TARGET, _THREEFRY)  # the FFI targets the kernels register (what a program may call)
 _FLAGS = (
     "-O3",
     "-std=c++17",
@@ -95,10 +102,11 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         return None, "no C++ compiler found (set CXX, or install g++ or clang++)"
     cxx = command[0]
     digest = hashlib.sha256()
-    digest.update(SOURCE.read_bytes())
+    for source in SOURCES:
+        digest.update(source.read_bytes())
     digest.update(" ".join([jaxlib.__version__, platform.machine(), cxx, *_FLAGS]).encode())
     folder = cache_folder()
-    lib = folder / f"{SOURCE.stem}-{digest.hexdigest()[:16]}.so"
+    lib = folder / f"kernels-{digest.hexdigest()[:16]}.so"
     if not lib.exists():
         tmp = None
         try:
@@ -108,7 +116,10 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
             os.close(fd)
             run = subprocess.run(
-                [*command, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=False
+                [*command, *map(str, SOURCES), "-o", tmp],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if run.returncode:
                 return None, f"{' '.join(command)} failed:\n{run.stderr.strip()[-2000:]}"
@@ -120,8 +131,9 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
                 os.unlink(tmp)
     try:
         handle = ctypes.CDLL(str(lib))
-        capsule = jax.ffi.pycapsule(getattr(handle, _TARGET))
-        jax.ffi.register_ffi_target(_TARGET, capsule, platform="cpu")
+        for target in TARGETS:
+            capsule = jax.ffi.pycapsule(getattr(handle, target))
+            jax.ffi.register_ffi_target(target, capsule, platform="cpu")
     except (OSError, AttributeError) as e:
         return None, f"cannot load {lib}: {e}"
     return handle, ""
@@ -163,3 +175,26 @@ def block_stats(xb: jax.Array, xhat_b: jax.Array, vals_b: jax.Array, vmax: float
     return call(
         *args, pa=int(np.prod(lead, dtype=np.int64)) * a, t1=t1, nb=b, t2=t2, vmax=np.float32(vmax)
     )
+
+
+def threefry(keys: jax.Array, counts: jax.Array, pair: bool) -> jax.Array:
+    """The Threefry-2x32 hash of the counters (0, c) under the key (k0, k1), uint32.
+
+    Args:
+      keys: uint32 (2,): the key words (k0, k1).
+      counts: uint32, any shape S: the low counter words c.
+      pair: False: y0 ^ y1 of each hash, shape S (jax's random bits); True: the pair
+        (y0, y1), shape (*S, 2) (jax's fold_in and split keys).
+    Vmapped calls run the kernel once over the batch (keys, counters or both batched).
+    Raises:
+      RuntimeError: the kernels cannot be built here (`build_error`).
+    """
+    if not available():
+        raise RuntimeError(f"fp4lab's CPU kernels are not available: {build_error()}")
+    if keys.shape != (2,) or keys.dtype != jnp.uint32 or counts.dtype != jnp.uint32:
+        raise ValueError(f"threefry needs uint32 keys (2,) and counters, got {keys.shape}")
+    shape = (*counts.shape, 2) if pair else counts.shape
+    call = jax.ffi.ffi_call(
+        _THREEFRY, jax.ShapeDtypeStruct(shape, jnp.uint32), vmap_method="expand_dims"
+    )
+    return call(keys, counts, pair=np.int64(pair))

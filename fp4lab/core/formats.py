@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from fp4lab.core import prng
 
 __all__ = [
     "ElementFormat",
@@ -258,7 +259,7 @@ def round_to_format(
         r = lax.round(y, lax.RoundingMethod.TO_NEAREST_EVEN)
     else:
         lo = lax.floor(y)
-        bits = _random_bits(key, y.shape, index)
+        bits = prng.random_bits(key, y.shape, index)
         u = lax.convert_element_type(lax.shift_right_logical(bits, _U32(8)), jnp.float32)
         u = lax.mul(u, _F32(2.0**-24))  # uniform on [0, 1)
         up = lax.convert_element_type(lax.lt(u, lax.sub(y, lo)), jnp.float32)
@@ -267,44 +268,6 @@ def round_to_format(
     negative = lax.lt(lax.bitcast_convert_type(x, jnp.int32), _I32(0))
     out = lax.select(negative, lax.neg(out), out)
     return lax.select(lax.ne(x, x), lax.full_like(out, np.nan), out)  # NaN stays NaN
-
-
-_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-
-
-def _random_bits(key: jax.Array, shape: tuple, index: jax.Array | None = None) -> jax.Array:
-    """`jax.random.bits(key, shape, jnp.uint32)`, bit for bit, with Threefry-2x32 unrolled;
-    with `index` (uint32, `shape`), the bits of those flat positions of the same stream.
-
-    jax's default random bits (threefry2x32, "partitionable") are, per element i of the
-    flattened shape, b1 ^ b2 with (b1, b2) = threefry2x32(key, (0, i)) (Salmon et al. 2011,
-    20 rounds). jax lowers the rounds on CPU as a while loop, which XLA compiles about 5x
-    slower than the same rounds written out as elementwise ops that fuse into one loop. Keys
-    of other implementations, and jax's older non-partitionable layout, go to jax.random.bits.
-    """
-    n = math.prod(shape)
-    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-    impl = str(jax.random.key_impl(key)) if typed else jax.config.jax_default_prng_impl
-    fast = jax.config.jax_threefry_partitionable and impl == "threefry2x32" and n < 2**32
-    kd = jax.random.key_data(key) if typed else key
-    if not fast or kd.shape != (2,):
-        bits = jax.random.bits(key, shape, jnp.uint32)
-        return bits if index is None else bits.reshape(-1)[index]
-    k0, k1 = kd[0], kd[1]
-    ks = (k0, k1, lax.bitwise_xor(lax.bitwise_xor(k0, k1), _U32(0x1BD11BDA)))
-    x0 = lax.broadcast(ks[0], shape)  # counter high word: 0
-    i = lax.iota(jnp.uint32, n).reshape(shape) if index is None else index
-    x1 = lax.add(i, ks[1])  # counter low word: i
-    for group in range(5):
-        for r in _THREEFRY_ROTATIONS[group % 2]:
-            x0 = lax.add(x0, x1)
-            rotated = lax.bitwise_or(
-                lax.shift_left(x1, _U32(r)), lax.shift_right_logical(x1, _U32(32 - r))
-            )
-            x1 = lax.bitwise_xor(x0, rotated)
-        x0 = lax.add(x0, ks[(group + 1) % 3])
-        x1 = lax.add(lax.add(x1, ks[(group + 2) % 3]), _U32(group + 1))
-    return lax.bitwise_xor(x0, x1)
 
 
 def round_pow2(x: jax.Array, mode: str = "floor") -> jax.Array:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4lab.core import formats, hadamard, scaling
+from fp4lab.core import formats, hadamard, prng, scaling
 from fp4lab.core.spec import QuantSpec
 
 __all__ = [
@@ -160,7 +160,7 @@ def _split(key, spec: QuantSpec, transform_key=None):
         )
     if key is None:
         return None, None
-    k_round, k_transform = jax.random.split(key)
+    k_round, k_transform = prng.split(key)
     return k_round, k_transform
 
 

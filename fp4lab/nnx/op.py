@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp4lab.core import recipes
+from fp4lab.core import prng, recipes
 from fp4lab.core.stats import check_method, relative_drift
 from fp4lab.nnx.state import AmaxHistory, GradProbe, LayerIndex, OpStats, QuantKey
 from fp4lab.ops.conv import qconv_general_dilated
@@ -171,7 +171,7 @@ class QuantizedOp(nnx.Module):
             paths = [p for p, _ in self.layers] or [path]
             # fold_in(key, crc32(path)) of every path, as one Threefry hash (bit for bit)
             crcs = jnp.asarray([zlib.crc32(p.encode()) for p in paths], jnp.uint32)
-            bases = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, crcs)
+            bases = prng.fold_in(key, crcs)
             self.qbase = QuantKey(bases if lead else bases[0])
             self.qcount = QuantKey(jnp.zeros(lead, jnp.uint32))
         else:
@@ -192,7 +192,7 @@ class QuantizedOp(nnx.Module):
             return None
         count = self.qcount[...]
         self.qcount[...] = count + 1
-        return jax.random.fold_in(self.qbase[...], count)
+        return prng.fold_in(self.qbase[...], count)  # = jax.random.fold_in, no while loop
 
     def _delayed_amax(self, name: str, operand) -> jax.Array:
         """The amax to scale with this step (from the history), and the history updated with
@@ -387,7 +387,7 @@ class QuantizedAttention(QuantizedOp):
         key = self.next_key()
         k_s = k_v = None
         if key is not None:
-            k_s, k_v = jax.random.split(key)
+            k_s, k_v = prng.split(key)
         dtype = dtype or query.dtype
         q_heads, k_heads = query.shape[-2], key_.shape[-2]
         if q_heads != k_heads:  # grouped-query attention: repeat the key/value heads

@@ -39,7 +39,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fp4lab.core import hadamard, recipes
+from fp4lab.core import hadamard, prng, recipes
 from fp4lab.core.quantize import quantize_dequantize
 from fp4lab.core.spec import QuantSpec
 from fp4lab.core.stats import operand_stats, operand_stats_deferred
@@ -56,9 +56,9 @@ def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
     operand i of `OPERAND_NAMES` gets fold_in(key, i), GEMM g's rotation `<g>_transform`."""
     names = [*OPERAND_NAMES, *(f"{g}_transform" for g in _TRANSFORM_INDEX)]
     data = jnp.asarray([*range(len(OPERAND_NAMES)), *_TRANSFORM_INDEX.values()], jnp.uint32)
-    # one Threefry hash over the nine counters: the keys of nine fold_ins, bit for bit, in a
-    # ninth of the program (every quantized call of every step derives them)
-    ks = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, data)
+    # one Threefry hash over the nine counters, written out (no while loop): the keys of nine
+    # fold_ins, bit for bit, in a ninth of the program (every quantized call derives them)
+    ks = prng.fold_in(key, data)
     return {name: ks[i] for i, name in enumerate(names)}
 
 

@@ -80,9 +80,9 @@ def program_key(cfg: Config, keys: Any) -> str:
         "versions": store.package_versions(),
         "flags": flags,
         "backend": jax.default_backend(),
-        # without the kernels telemetry traces its reference formulas; a run without telemetry
-        # calls none (and needs no build to be keyed)
-        "kernels": cpu_kernels.available() if cfg.telemetry_every else None,
+        # without the kernels telemetry traces its reference formulas and the random keys and
+        # bits their written-out hash (the same bits, another program)
+        "kernels": cpu_kernels.available(),
     }
     blob = json.dumps(parts, sort_keys=True, default=repr).encode()
     return hashlib.sha256(blob).hexdigest()[:32]

@@ -251,7 +251,7 @@ def test_kernels_are_built_once_into_the_cache_folder(tmp_path):
     env = dict(os.environ, FP4LAB_KERNEL_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
     code = "from fp4lab.core import cpu_kernels as k; assert k.available(), k.build_error()"
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
-    (lib,) = tmp_path.glob("operand_stats-*.so")  # one file, no temporaries left behind
+    (lib,) = tmp_path.glob("kernels-*.so")  # one file, no temporaries left behind
     built = lib.stat().st_mtime_ns
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
     assert [p.name for p in tmp_path.iterdir()] == [lib.name]

@@ -1,0 +1,98 @@
+// The Threefry-2x32 hash (20 rounds; Salmon et al. 2011) of counters (0, c) under keys:
+// fp4lab.core.prng's random bits, fold_in and split, called through XLA's FFI
+// (fp4lab.core.cpu_kernels builds this file on first use). Integer arithmetic only, so the
+// results are those of the same rounds written out in XLA, bit for bit, on any CPU.
+//
+// Inputs, uint32: keys (..., 2) and counters (..., S) with the same number of leading
+// (batch) axes, each of size 1 or the result's (a vmapped call adds one in front per vmap,
+// of size 1 where that input is not batched). Output, uint32: (..., S) with pair == 0, each
+// element y0 ^ y1 (jax's 32-bit random bits); (..., S, 2) with pair == 1, each element the
+// key (y0, y1) (jax's fold_in and split).
+
+#include <cstdint>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+inline uint32_t Rotl(uint32_t v, int r) { return (v << r) | (v >> (32 - r)); }
+
+inline void Hash(uint32_t k0, uint32_t k1, uint32_t c, uint32_t* y0, uint32_t* y1) {
+  static constexpr int kRot[2][4] = {{13, 15, 26, 6}, {17, 29, 16, 24}};
+  const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ 0x1BD11BDAu};
+  uint32_t x0 = ks[0], x1 = c + ks[1];
+  for (int g = 0; g < 5; ++g) {
+    for (int i = 0; i < 4; ++i) {
+      x0 += x1;
+      x1 = Rotl(x1, kRot[g % 2][i]) ^ x0;
+    }
+    x0 += ks[(g + 1) % 3];
+    x1 += ks[(g + 2) % 3] + static_cast<uint32_t>(g + 1);
+  }
+  *y0 = x0;
+  *y1 = x1;
+}
+
+ffi::Error Threefry(ffi::Buffer<ffi::U32> keys, ffi::Buffer<ffi::U32> counts,
+                    ffi::ResultBuffer<ffi::U32> out, int64_t pair) {
+  const auto kd = keys.dimensions(), cd = counts.dimensions(), od = out->dimensions();
+  const int64_t nb = static_cast<int64_t>(kd.size()) - 1;  // batch axes
+  if (nb < 0 || kd[nb] != 2 || static_cast<int64_t>(cd.size()) < nb ||
+      static_cast<int64_t>(od.size()) != static_cast<int64_t>(cd.size()) + (pair ? 1 : 0)) {
+    return ffi::Error::InvalidArgument("fp4lab_threefry: keys (..., 2), counters (..., S)");
+  }
+  int64_t core = 1;  // counters per batch member
+  for (size_t i = nb; i < cd.size(); ++i) core *= cd[i];
+  // per batch axis: the result's size and the strides (0 where broadcast) of keys and counters
+  std::vector<int64_t> size(nb), kstride(nb), cstride(nb);
+  int64_t ks = 2, cs = core, members = 1;
+  for (int64_t i = nb - 1; i >= 0; --i) {
+    size[i] = od[i];
+    if ((kd[i] != 1 && kd[i] != od[i]) || (cd[i] != 1 && cd[i] != od[i])) {
+      return ffi::Error::InvalidArgument("fp4lab_threefry: batch axes do not broadcast");
+    }
+    kstride[i] = kd[i] == 1 ? 0 : ks;
+    cstride[i] = cd[i] == 1 ? 0 : cs;
+    ks *= kd[i];
+    cs *= cd[i];
+    members *= od[i];
+  }
+  const uint32_t* K = keys.typed_data();
+  const uint32_t* C = counts.typed_data();
+  uint32_t* O = out->typed_data();
+  std::vector<int64_t> at(nb, 0);
+  for (int64_t m = 0; m < members; ++m) {
+    int64_t ko = 0, co = 0;
+    for (int64_t i = 0; i < nb; ++i) {
+      ko += at[i] * kstride[i];
+      co += at[i] * cstride[i];
+    }
+    const uint32_t k0 = K[ko], k1 = K[ko + 1];
+    const uint32_t* c = C + co;
+    if (pair) {
+      uint32_t* o = O + 2 * m * core;
+      for (int64_t j = 0; j < core; ++j) Hash(k0, k1, c[j], o + 2 * j, o + 2 * j + 1);
+    } else {
+      uint32_t* o = O + m * core;
+      for (int64_t j = 0; j < core; ++j) {
+        uint32_t y0, y1;
+        Hash(k0, k1, c[j], &y0, &y1);
+        o[j] = y0 ^ y1;
+      }
+    }
+    for (int64_t i = nb - 1; i >= 0 && ++at[i] == size[i]; --i) at[i] = 0;
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fp4lab_threefry, Threefry,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Ret<ffi::Buffer<ffi::U32>>()
+                                  .Attr<int64_t>("pair"));
