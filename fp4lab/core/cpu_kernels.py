@@ -2,10 +2,9 @@
 
     operand_stats.cc   the telemetry's statistics of one quantized operand in one pass over
                        x, x_hat and the grid values (`fp4lab.core.stats`, method "fused")
-    threefry.cc        the Threefry-2x32 hash of jax's random bits, fold_in and split
-                       (`fp4lab.core.prng`): one instruction of the program instead of the
-                       twenty rounds XLA would compile at every key and every stochastic
-                       rounding
+    threefry.cc        the Threefry-2x32 hash of jax's fold_in and split (`fp4lab.core.prng`):
+                       one instruction of the program where jax compiles a while loop at
+                       every key the quantizers derive
 
 XLA's CPU backend gives every reduction its own pass over its operand, with a full-size
 temporary in front of each; six statistics of every GEMM operand then cost more than the
@@ -177,14 +176,13 @@ def block_stats(xb: jax.Array, xhat_b: jax.Array, vals_b: jax.Array, vmax: float
     )
 
 
-def threefry(keys: jax.Array, counts: jax.Array, pair: bool) -> jax.Array:
-    """The Threefry-2x32 hash of the counters (0, c) under the key (k0, k1), uint32.
+def threefry(keys: jax.Array, counts: jax.Array) -> jax.Array:
+    """The keys threefry2x32(key, (0, c)) for the counters c: uint32 (*S, 2), each the pair
+    (y0, y1) (jax's fold_in and split).
 
     Args:
       keys: uint32 (2,): the key words (k0, k1).
-      counts: uint32, any shape S: the low counter words c.
-      pair: False: y0 ^ y1 of each hash, shape S (jax's random bits); True: the pair
-        (y0, y1), shape (*S, 2) (jax's fold_in and split keys).
+      counts: uint32, any shape S: the low counter words c (a few: one thread hashes them).
     Vmapped calls run the kernel once over the batch (keys, counters or both batched).
     Raises:
       RuntimeError: the kernels cannot be built here (`build_error`).
@@ -193,8 +191,7 @@ def threefry(keys: jax.Array, counts: jax.Array, pair: bool) -> jax.Array:
         raise RuntimeError(f"fp4lab's CPU kernels are not available: {build_error()}")
     if keys.shape != (2,) or keys.dtype != jnp.uint32 or counts.dtype != jnp.uint32:
         raise ValueError(f"threefry needs uint32 keys (2,) and counters, got {keys.shape}")
-    shape = (*counts.shape, 2) if pair else counts.shape
     call = jax.ffi.ffi_call(
-        _THREEFRY, jax.ShapeDtypeStruct(shape, jnp.uint32), vmap_method="expand_dims"
+        _THREEFRY, jax.ShapeDtypeStruct((*counts.shape, 2), jnp.uint32), vmap_method="expand_dims"
     )
-    return call(keys, counts, pair=np.int64(pair))
+    return call(keys, counts)

@@ -1,13 +1,13 @@
 // The Threefry-2x32 hash (20 rounds; Salmon et al. 2011) of counters (0, c) under keys:
-// fp4lab.core.prng's random bits, fold_in and split, called through XLA's FFI
-// (fp4lab.core.cpu_kernels builds this file on first use). Integer arithmetic only, so the
-// results are those of the same rounds written out in XLA, bit for bit, on any CPU.
+// fp4lab.core.prng's fold_in and split, called through XLA's FFI (fp4lab.core.cpu_kernels
+// builds this file on first use). Integer arithmetic only, so the results are those of the
+// same rounds written out in XLA, bit for bit, on any CPU.
 //
 // Inputs, uint32: keys (..., 2) and counters (..., S) with the same number of leading
 // (batch) axes, each of size 1 or the result's (a vmapped call adds one in front per vmap,
-// of size 1 where that input is not batched). Output, uint32: (..., S) with pair == 0, each
-// element y0 ^ y1 (jax's 32-bit random bits); (..., S, 2) with pair == 1, each element the
-// key (y0, y1) (jax's fold_in and split).
+// of size 1 where that input is not batched). Output, uint32 (..., S, 2): for each counter
+// c the key (y0, y1) = threefry2x32(key, (0, c)) (jax's fold_in and split). Meant for keys
+// (a few counters): one thread, no vector clones.
 
 #include <cstdint>
 #include <vector>
@@ -37,11 +37,11 @@ inline void Hash(uint32_t k0, uint32_t k1, uint32_t c, uint32_t* y0, uint32_t* y
 }
 
 ffi::Error Threefry(ffi::Buffer<ffi::U32> keys, ffi::Buffer<ffi::U32> counts,
-                    ffi::ResultBuffer<ffi::U32> out, int64_t pair) {
+                    ffi::ResultBuffer<ffi::U32> out) {
   const auto kd = keys.dimensions(), cd = counts.dimensions(), od = out->dimensions();
   const int64_t nb = static_cast<int64_t>(kd.size()) - 1;  // batch axes
   if (nb < 0 || kd[nb] != 2 || static_cast<int64_t>(cd.size()) < nb ||
-      static_cast<int64_t>(od.size()) != static_cast<int64_t>(cd.size()) + (pair ? 1 : 0)) {
+      od.size() != cd.size() + 1 || od[od.size() - 1] != 2) {
     return ffi::Error::InvalidArgument("fp4lab_threefry: keys (..., 2), counters (..., S)");
   }
   int64_t core = 1;  // counters per batch member
@@ -72,17 +72,8 @@ ffi::Error Threefry(ffi::Buffer<ffi::U32> keys, ffi::Buffer<ffi::U32> counts,
     }
     const uint32_t k0 = K[ko], k1 = K[ko + 1];
     const uint32_t* c = C + co;
-    if (pair) {
-      uint32_t* o = O + 2 * m * core;
-      for (int64_t j = 0; j < core; ++j) Hash(k0, k1, c[j], o + 2 * j, o + 2 * j + 1);
-    } else {
-      uint32_t* o = O + m * core;
-      for (int64_t j = 0; j < core; ++j) {
-        uint32_t y0, y1;
-        Hash(k0, k1, c[j], &y0, &y1);
-        o[j] = y0 ^ y1;
-      }
-    }
+    uint32_t* o = O + 2 * m * core;
+    for (int64_t j = 0; j < core; ++j) Hash(k0, k1, c[j], o + 2 * j, o + 2 * j + 1);
     for (int64_t i = nb - 1; i >= 0 && ++at[i] == size[i]; --i) at[i] = 0;
   }
   return ffi::Error::Success();
@@ -94,5 +85,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fp4lab_threefry, Threefry,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Ret<ffi::Buffer<ffi::U32>>()
-                                  .Attr<int64_t>("pair"));
+                                  .Ret<ffi::Buffer<ffi::U32>>());

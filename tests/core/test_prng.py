@@ -117,7 +117,8 @@ def test_other_implementations_and_layouts_go_to_jax_random():
 
 
 def test_a_stochastic_quantizer_compiles_no_while_loop(path):
-    # jax's own hash is a while loop in the program; ours is the kernel or fused rounds
+    # jax's own hash is a while loop in the program; the keys here are the kernel's call or
+    # fused rounds, the bits fused rounds
     spec = fl.nvfp4().replace(rounding="stochastic")
     x = jax.random.normal(jax.random.key(0), (32, 64))
     f = jax.jit(lambda x, k: quantize_dequantize(x, spec, key=prng.fold_in(k, 3)))
@@ -130,6 +131,6 @@ def test_the_kernel_rejects_what_it_cannot_hash():
     if not cpu_kernels.available():
         pytest.skip(f"no CPU kernels here: {cpu_kernels.build_error()}")
     with pytest.raises(ValueError, match="uint32"):
-        cpu_kernels.threefry(jnp.zeros((3,), jnp.uint32), jnp.zeros((4,), jnp.uint32), False)
+        cpu_kernels.threefry(jnp.zeros((3,), jnp.uint32), jnp.zeros((4,), jnp.uint32))
     with pytest.raises(ValueError, match="uint32"):
-        cpu_kernels.threefry(jnp.zeros((2,), jnp.uint32), jnp.zeros((4,), jnp.int32), True)
+        cpu_kernels.threefry(jnp.zeros((2,), jnp.uint32), jnp.zeros((4,), jnp.int32))
