@@ -1,4 +1,4 @@
-"""Threefry-2x32 written out: random bits, fold_in and split, bit for bit as jax's.
+"""Threefry-2x32 random bits, fold_in and split, bit for bit as jax.random's, without its loops.
 
     from fp4lab.core import prng
     bits = prng.random_bits(key, (128, 64))   # = jax.random.bits(key, (128, 64), jnp.uint32)
