@@ -56,8 +56,8 @@ def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
     operand i of `OPERAND_NAMES` gets fold_in(key, i), GEMM g's rotation `<g>_transform`."""
     names = [*OPERAND_NAMES, *(f"{g}_transform" for g in _TRANSFORM_INDEX)]
     data = jnp.asarray([*range(len(OPERAND_NAMES)), *_TRANSFORM_INDEX.values()], jnp.uint32)
-    # one Threefry hash over the nine counters, written out (no while loop): the keys of nine
-    # fold_ins, bit for bit, in a ninth of the program (every quantized call derives them)
+    # the keys of nine fold_ins, bit for bit, from one Threefry hash over the nine counters
+    # (every quantized call derives them; prng compiles no while loop for it)
     ks = prng.fold_in(key, data)
     return {name: ks[i] for i, name in enumerate(names)}
 

@@ -80,8 +80,8 @@ def program_key(cfg: Config, keys: Any) -> str:
         "versions": store.package_versions(),
         "flags": flags,
         "backend": jax.default_backend(),
-        # without the kernels telemetry traces its reference formulas and the random keys and
-        # bits their written-out hash (the same bits, another program)
+        # without the kernels telemetry traces its reference formulas and the random keys
+        # their written-out hash (the same bits, another program)
         "kernels": cpu_kernels.available(),
     }
     blob = json.dumps(parts, sort_keys=True, default=repr).encode()
