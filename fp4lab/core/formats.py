@@ -43,6 +43,7 @@ __all__ = [
     "get_format",
     "format_names",
     "round_to_format",
+    "round_scale",
     "cast_round",
     "encode",
     "decode",
@@ -85,6 +86,12 @@ class ElementFormat:
     @property
     def min_subnormal(self) -> float:
         return 2.0 ** (self.emin - self.mbits)
+
+    @property
+    def has_nan(self) -> bool:
+        """Whether the format has a NaN code (FP8, E8M0 and the dtypes do; FP4, FP6 and the
+        integers do not: there a NaN input lives in a scale, see `scaling`)."""
+        return self.kind in ("pow2", "cast") or self.name in ("e4m3", "e5m2")
 
 
 _FORMATS = {
@@ -264,10 +271,36 @@ def round_to_format(
         u = lax.mul(u, _F32(2.0**-24))  # uniform on [0, 1)
         up = lax.convert_element_type(lax.lt(u, lax.sub(y, lo)), jnp.float32)
         r = lax.add(lo, up)
-    out = lax.min(lax.mul(r, q), _F32(fmt.max))  # >= +0: its sign is x's
-    negative = lax.lt(lax.bitcast_convert_type(x, jnp.int32), _I32(0))
-    out = lax.select(negative, lax.neg(out), out)
+    # r * q needs no second clamp: it is at most the grid point at or above a, and a <= max,
+    # itself a grid point. It is >= +0, so x's sign is its sign bit set from x's (-0 stays -0).
+    out = lax.mul(r, q)
+    sign = lax.bitwise_and(lax.bitcast_convert_type(x, jnp.uint32), _U32(0x80000000))
+    out = lax.bitcast_convert_type(
+        lax.bitwise_or(lax.bitcast_convert_type(out, jnp.uint32), sign), jnp.float32
+    )
     return lax.select(lax.ne(x, x), lax.full_like(out, np.nan), out)  # NaN stays NaN
+
+
+def round_scale(
+    v: jax.Array, fmt: str | ElementFormat, valid: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Scales v >= 0 rounded to nearest even onto a float format's grid, saturating at max:
+    (s, s where `valid` else NaN). s is `round_to_format(v, fmt)` bit for bit (NaN stays NaN).
+
+    For the block scales of the quantizer (E4M3 in NVFP4). Both results end in an exact
+    division by a power of two (r / 2**-e, the value r * 2**e), and XLA's CPU fusion does not
+    copy a division into the elementwise pass that reads its result, as it does the cheap
+    operations of a rounding: the scales are computed once per block, not once per vector of
+    elements (measured with `benchmarks/quantizer.py`; the README's Performance section).
+    """
+    fmt = get_format(fmt)
+    if fmt.kind != "float":
+        raise ValueError(f"round_scale rounds onto a float grid; {fmt.name} is {fmt.kind!r}")
+    a = lax.min(lax.abs(jnp.asarray(v, jnp.float32)), _F32(fmt.max))  # scales: no sign
+    _, inv = _quantum(a, fmt)
+    r = lax.round(lax.mul(a, inv), lax.RoundingMethod.TO_NEAREST_EVEN)
+    masked = lax.select(valid, r, lax.full_like(r, np.nan))
+    return lax.div(r, inv), lax.div(masked, inv)
 
 
 def round_pow2(x: jax.Array, mode: str = "floor") -> jax.Array:

@@ -344,7 +344,7 @@ def grid_values(q: jax.Array, fmt: formats.ElementFormat) -> jax.Array:
     if fmt.kind == "int":
         return jnp.where(jnp.isnan(q) | (q == 0), jnp.float32(0.0), q)
     if fmt.kind == "float":
-        if fmt.name in ("e4m3", "e5m2"):  # NaN codes; saturated q holds no infinities
+        if fmt.has_nan:  # saturated q holds no infinities
             return q
         return jnp.where(jnp.isnan(q), jnp.float32(0.0), q)
     if fmt.kind == "cast":
@@ -420,8 +420,15 @@ def dequantized_view(x, spec: QuantSpec, key, transform_key, amax, rotated: bool
 
 
 def dequantize_blocks(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope) -> jax.Array:
-    """x_hat in the blocked view: grid values * block scale * outer, as `QTensor.dequantize`."""
-    return grid_values(scaled.q, fmt) * scaled.scale * _outer(scaled, scope)
+    """x_hat in the blocked view: grid values * block scale * outer, as `QTensor.dequantize`.
+
+    A float format's grid values q go in as they are: where q is NaN (a NaN input), the block
+    scale or the outer scale is NaN too (every rule in `scaling` puts it there), so x_hat is
+    NaN whether or not q is first read back as its code's 0 (`grid_values`), as the codes
+    would have it. Integer grids still go through `grid_values`, which also turns -0 into 0.
+    """
+    q = scaled.q if fmt.kind == "float" else grid_values(scaled.q, fmt)
+    return q * scaled.scale * _outer(scaled, scope)
 
 
 def _outer(scaled: scaling.Scaled, scope) -> jax.Array:

@@ -81,20 +81,33 @@ def unblock(xb: jax.Array) -> jax.Array:
     return xb.reshape(*lead, rb * ty, kb * tx)
 
 
-def _abs_nan_as_inf(xb: jax.Array) -> jax.Array:
-    """|x| with NaN read as +inf, so every max reduction keeps it non-finite.
+_ABS_BITS = np.uint32(0x7FFFFFFF)  # every bit but the sign
+_INF_BITS = np.uint32(0x7F800000)  # +inf
 
-    XLA's CPU backend may route large max reductions to a kernel that skips NaN; +inf survives
-    any max, and a non-finite amax makes its scope NaN (see `_nan_where_nonfinite`).
+
+def _amax(xb: jax.Array, axes: tuple[int, ...] | None = None) -> jax.Array:
+    """max |x| over `axes` (all when None), keepdims, with NaN read as +inf.
+
+    Reduced over the float bits: with the sign bit cleared, the bits of non-negative floats
+    order as their values, and every NaN's bits lie above +inf's, so an integer max is the
+    float amax exactly, and clamping it to +inf's bits reads a NaN as +inf. +inf survives
+    every later max, and a non-finite amax makes its scope NaN (`_nan_where_nonfinite`).
+
+    The bits, not a float max of |x|: XLA's CPU backend routes a large float max reduction to
+    a library kernel that wants its input in memory (|x| written out, then read once per
+    reduction, and the tensor amax read again from it), and that kernel may skip NaN. An
+    integer max it fuses with the abs into one pass over x, which is what makes the fake
+    quantizer memory-bound (`benchmarks/quantizer.py`).
     """
-    a = lax.abs(xb)  # lax, as the rounding in `formats`: the same ops, traced faster
-    return lax.select(lax.ne(a, a), lax.full_like(a, np.inf), a)
+    axes = tuple(range(xb.ndim)) if axes is None else axes
+    bits = lax.bitwise_and(lax.bitcast_convert_type(xb, jnp.uint32), _ABS_BITS)
+    top = lax.min(lax.reduce_max(bits, axes), _INF_BITS)
+    return lax.expand_dims(lax.bitcast_convert_type(top, jnp.float32), axes)
 
 
 def block_amax(xb: jax.Array) -> jax.Array:
     """The amax of each block of the blocked view, (..., R/ty, 1, K/tx, 1); NaN reads +inf."""
-    axes = (xb.ndim - 3, xb.ndim - 1)
-    return lax.expand_dims(lax.reduce_max(_abs_nan_as_inf(xb), axes), axes)
+    return _amax(xb, (xb.ndim - 3, xb.ndim - 1))
 
 
 def scope_amax(xb: jax.Array, outer: str, amax_b: jax.Array | None = None) -> jax.Array | None:
@@ -106,10 +119,9 @@ def scope_amax(xb: jax.Array, outer: str, amax_b: jax.Array | None = None) -> ja
     if outer not in ("tensor", "row"):
         return None
     if amax_b is None:
-        a = _abs_nan_as_inf(xb)
         if outer == "tensor":
-            return jnp.max(a, keepdims=True)
-        return jnp.max(a, axis=(-2, -1), keepdims=True)  # rows: (R/ty, ty) with ty == 1
+            return _amax(xb)
+        return _amax(xb, (xb.ndim - 2, xb.ndim - 1))  # rows: (R/ty, ty) with ty == 1
     if outer == "tensor":
         return jnp.max(amax_b, keepdims=True)
     return jnp.max(amax_b, axis=-2, keepdims=True)  # (..., R, 1, K/tx, 1) -> (..., R, 1, 1, 1)
@@ -138,10 +150,10 @@ def _elements(v: jax.Array, fmt: formats.ElementFormat, rounding: str, key, inde
     return formats.round_to_format(v, fmt, rounding=rounding, key=key, index=index)
 
 
-def _e4m3(v: jax.Array) -> jax.Array:
-    """RNE to E4M3 after clamping to +-448 (round_to_format saturates; ml_dtypes' cast would
-    overflow to NaN)."""
-    return formats.round_to_format(v, "e4m3")
+def _e4m3(v: jax.Array, amax_b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """E4M3 block scales of v >= 0, RNE after clamping to 448 (ml_dtypes' cast would overflow
+    to NaN): (s_b, s_b with NaN where the block amax is non-finite), `formats.round_scale`."""
+    return formats.round_scale(v, "e4m3", lax.is_finite(amax_b))
 
 
 def _te_global(amax_scope: jax.Array | None, emax: float):
@@ -174,10 +186,10 @@ def nvfp4_te(
     if four_over_six is not None:
         return _four_over_six_te(xb, amax_b, amax_scope, elem, four_over_six)
     s_enc, s_dec = _te_global(amax_scope, 448.0)
-    s_b = _e4m3(jnp.minimum(amax_b * (s_enc * (jnp.float32(1.0) / six)), FLT_MAX))
+    s_b, scale = _e4m3(jnp.minimum(amax_b * (s_enc * (jnp.float32(1.0) / six)), FLT_MAX), amax_b)
     e_b = jnp.minimum(jnp.float32(1.0) / (s_b * s_dec), FLT_MAX)
     q = _elements(xb * e_b, elem, rounding, key, index)
-    return Scaled(q, _nan_where_nonfinite(s_b, amax_b), _outer(s_dec, amax_scope))
+    return Scaled(q, scale, _outer(s_dec, amax_scope))
 
 
 def _outer(s_dec: jax.Array, amax_scope: jax.Array | None) -> jax.Array:
@@ -202,7 +214,7 @@ def _four_over_six_te(xb, amax_b, amax_scope, elem, mode) -> Scaled:
     base = _div(amax_b, six) * s_enc
     cands = []
     for mult in (1.5, 1.0):  # map-to-4, map-to-6
-        s = _e4m3(base * jnp.float32(mult))
+        s = _e4m3(base * jnp.float32(mult), amax_b)[0]
         e = jnp.minimum(jnp.float32(1.0) / (s * s_dec), FLT_MAX)
         q = _elements(xb * e, elem, "rne", None)
         val = q * s  # back in the input domain: q * s * amax_scope / (6 * E), as TE writes it
@@ -255,10 +267,10 @@ def nvfp4_jax(
         g = jnp.where(g == 0, jnp.float32(1.0), g)
     x = xb / g
     amax_b = block_amax(x)
-    s_b = _e4m3(jnp.clip(amax_b / six, 0, E4M3_MAX))
+    s_b, scale = _e4m3(jnp.clip(amax_b / six, 0, E4M3_MAX), amax_b)
     v = jnp.where(x == 0, x, x / s_b)
     q = _elements(v, elem, rounding, key, index)
-    return Scaled(q, _nan_where_nonfinite(s_b, amax_b), _outer(g, amax_scope))
+    return Scaled(q, scale, _outer(g, amax_scope))
 
 
 def mx(
@@ -329,9 +341,28 @@ def per_scope(
     """
     one = jnp.ones((1,) * xb.ndim, jnp.float32)
     if amax_scope is None:
-        return Scaled(_elements(xb, elem, rounding, key, index), one, jnp.float32(1.0))
+        q = _elements(xb, elem, rounding, key, index)
+        return Scaled(q, one, _nan_carrier(xb, elem, one, jnp.float32(1.0)))
     enc = jnp.minimum(jnp.float32(elem.max) / amax_scope, FLT_MAX)
     bad = (amax_scope == 0) | (enc == 0) | ~jnp.isfinite(enc)
     enc = jnp.where(bad, jnp.float32(1.0), enc)
     q = _elements(xb * enc, elem, rounding, key, index)
-    return Scaled(q, one, _outer(jnp.float32(1.0) / enc, amax_scope))
+    outer = _outer(jnp.float32(1.0) / enc, amax_scope)
+    return Scaled(q, one, _nan_carrier(xb, elem, amax_scope, outer))
+
+
+def _nan_carrier(xb, elem: formats.ElementFormat, scope: jax.Array, outer: jax.Array):
+    """`outer`, NaN over every scope (cells of `scope`'s shape) that holds a NaN of xb, for
+    an element format without a NaN code.
+
+    With a block scale, a NaN input makes its block's amax, hence its scale, non-finite. A
+    scope's own outer scale already does so when its amax comes from xb; a given amax
+    (delayed scaling) or no scope at all ("none") leaves the NaN nowhere but in the element,
+    whose code would read it back as 0. Here it goes into the outer scale instead.
+    """
+    if elem.has_nan:
+        return outer
+    pairs = enumerate(zip(xb.shape, scope.shape, strict=True))
+    axes = tuple(i for i, (n, m) in pairs if m == 1 and n != 1)
+    holds_nan = jnp.any(jnp.isnan(xb), axis=axes, keepdims=True)
+    return jnp.where(holds_nan, jnp.float32(np.nan), outer)

@@ -238,6 +238,34 @@ def test_nan_stays_nan(name):
     assert np.isnan(out[0]) and np.isnan(out[1]) and out[2] == 1.0
 
 
+@pytest.mark.parametrize("name", FLOATS)
+def test_round_scale_matches_ml_dtypes_and_round_to_format(name):
+    """Scales: the non-negative probe values, +0, NaN and +inf; NaN exactly where not valid."""
+    x = np.abs(probe_values(name))
+    x = np.concatenate([x, np.array([0.0, np.nan, np.inf], np.float32)])
+    valid = np.arange(x.size) % 3 != 0
+    s, masked = jax.jit(formats.round_scale, static_argnums=1)(jnp.asarray(x), name, valid)
+    expected = np.where(np.isnan(x), np.nan, ml_round(name, x))  # NaN stays NaN (ml_dtypes: -0)
+    assert_same(s, expected)
+    assert_same(s, rnd(jnp.asarray(x), name))
+    assert_same(masked, np.where(valid, expected, np.nan))
+
+
+def test_round_scale_rejects_grids_it_does_not_round():
+    for name in ("int8", "e8m0", "bf16"):
+        with pytest.raises(ValueError, match="float grid"):
+            formats.round_scale(jnp.ones(4), name, jnp.ones(4, bool))
+
+
+def test_has_nan_is_ml_dtypes_nan_code():
+    """A format has a NaN code exactly when ml_dtypes' type of it can hold NaN."""
+    for name in FLOATS + ["e8m0"]:
+        back = np.array([np.nan], np.float32).astype(ML[name]).astype(np.float32)
+        assert formats.get_format(name).has_nan == bool(np.isnan(back[0])), name
+    for name in INTS:
+        assert not formats.get_format(name).has_nan
+
+
 @pytest.mark.parametrize("name", INTS)
 def test_int_rne_and_saturation(name):
     m = formats.get_format(name).max

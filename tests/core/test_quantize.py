@@ -527,3 +527,25 @@ def test_nan_poisons_its_scope_at_sizes_where_cpu_reductions_skip_nan(spec, expe
     x = jax.random.normal(jax.random.key(0), (512, 512)).at[3, 5].set(jnp.nan)
     f = jax.jit(lambda a: fl.fake_quant(a, spec)) if jit else (lambda a: fl.fake_quant(a, spec))
     assert int(jnp.isnan(f(x)).sum()) == expected
+
+
+@pytest.mark.parametrize("elem", ["e2m1", "e3m2", "int4", "int8", "e4m3"])
+@pytest.mark.parametrize("outer", ["none", "tensor", "row"])
+def test_nan_without_a_block_scale_never_dequantizes_to_a_number(elem, outer):
+    """One scale per scope, given (delayed scaling) or none at all: in a format without a NaN
+    code the element cannot hold a NaN input, so its scope's outer scale does (the whole
+    tensor for "none"); FP8 keeps it in the element. Codes and QTensor agree."""
+    x = data()
+    x[2, 37] = np.nan
+    spec = fl.QuantSpec(elem=elem, tile=None, block_scale=None, outer=outer)
+    amax = {"none": None, "tensor": jnp.float32(8.0), "row": jnp.full((16,), 8.0)}[outer]
+    y = np.asarray(fq(jnp.asarray(x), spec, amax=amax))
+    np.testing.assert_array_equal(y, deq(qz(jnp.asarray(x), spec, amax=amax)))
+    if formats.get_format(elem).has_nan:
+        mask = poisoned("element", 2, 37)
+    else:
+        mask = poisoned("tensor" if outer == "none" else outer, 2, 37)
+    assert np.all(np.isnan(y[mask])), "a NaN input dequantized to a number"
+    assert np.all(np.isfinite(y[~mask]))
+    clean = np.asarray(fq(jnp.asarray(np.where(mask, 0, x)), spec, amax=amax))
+    np.testing.assert_array_equal(y[~mask], clean[~mask])

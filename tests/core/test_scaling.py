@@ -25,7 +25,7 @@ from jax._src.cudnn.scaled_matmul_stablehlo import (
 from jax._src.cudnn.scaled_matmul_stablehlo import quantize as jax_quantize
 
 import fp4lab as fl
-from fp4lab.core import formats
+from fp4lab.core import formats, scaling
 
 F32 = np.float32
 FLT_MAX = np.finfo(np.float32).max
@@ -459,3 +459,29 @@ def test_fp32_block_scales():
     np.testing.assert_array_equal(qt.scale, s)
     np.testing.assert_array_equal(qt.values, unblocks(q))
     np.testing.assert_array_equal(qt.x_hat, unblocks(q * s))
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 4, 16), (256, 1, 64, 16), (16, 16, 8, 16)])
+def test_block_and_scope_amax_against_numpy(shape):
+    """The amaxes read from the float bits: max |x| per block and per scope, exactly, with
+    NaN (either sign) read as +inf, -0 as 0 and float32 subnormals kept; at a size where the
+    CPU's float max reductions go to a library kernel too."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(shape) * np.exp(rng.uniform(-30, 30, shape))).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:6] = [np.nan, -np.nan, -np.inf, -0.0, 1e-42, -3e-39]  # all in the first block
+    flat[16:32] = -0.0  # a block of negative zeros
+    flat[32:48] = 1e-41  # a block of subnormals
+    flat[48:64] = -np.inf
+    xb = jnp.asarray(x)
+    absx = np.where(np.isnan(x), np.inf, np.abs(x))
+    amax_b = np.asarray(jax.jit(scaling.block_amax)(xb))
+    expected = absx.max(axis=(1, 3), keepdims=True)
+    np.testing.assert_array_equal(amax_b, expected)
+    assert not np.signbit(amax_b).any()
+    scope = jax.jit(scaling.scope_amax, static_argnums=1)
+    rows = (("row", (2, 3)),) if shape[1] == 1 else ()  # a "row" scope takes 1D tiles only
+    for outer, axes in (("tensor", None), *rows):
+        want = absx.max(axis=axes, keepdims=True) if axes else absx.max(keepdims=True)
+        np.testing.assert_array_equal(scope(xb, outer), want)
+        np.testing.assert_array_equal(scope(xb, outer, jnp.asarray(amax_b)), want)
