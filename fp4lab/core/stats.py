@@ -128,7 +128,9 @@ def _deferred_parts(a, spec, key, transform_key, amax):
 
 def _measure_parts(xb, q, xhat_b, map4, fmt):
     """The fused statistics of one quantization from `_deferred_parts`' parts (as `_fused`)."""
-    five = cpu_kernels.block_stats(xb, xhat_b, grid_values(q, fmt), fmt.max)
+    # The kernel reads the grid values only as |q| == max (saturation), which a NaN q and the 0
+    # its code reads back (`grid_values`) both fail: q goes in as it is, one array fewer.
+    five = cpu_kernels.block_stats(xb, xhat_b, q, fmt.max)
     map4 = jnp.float32(0.0) if map4 is None else jnp.mean(map4)
     return jnp.concatenate([five, map4.astype(jnp.float32)[None]])
 
