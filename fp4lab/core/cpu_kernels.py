@@ -1,7 +1,8 @@
 """CPU kernels of the numerics: C++ built on first use, called through XLA's FFI.
 
     operand_stats.cc   the telemetry's statistics of one quantized operand in one pass over
-                       x, x_hat and the grid values (`fp4lab.core.stats`, method "fused")
+                       x and the grid values, x_hat computed on the way from the block and
+                       outer scales (`fp4lab.core.stats`, method "fused")
     threefry.cc        the Threefry-2x32 hash of jax's fold_in and split (`fp4lab.core.prng`):
                        one instruction of the program where jax compiles a while loop at
                        every key the quantizers derive
@@ -148,32 +149,46 @@ def build_error() -> str:
     return _build()[1]
 
 
-def block_stats(xb: jax.Array, xhat_b: jax.Array, vals_b: jax.Array, vmax: float) -> jax.Array:
+def block_stats(
+    xb: jax.Array, vals_b: jax.Array, scale_b: jax.Array, outer_b: jax.Array, vmax: float
+) -> jax.Array:
     """(rel_err, bias, flush, saturated, underflow) of a blocked operand, float32 (5,).
 
     Args:
-      xb, xhat_b, vals_b: float32 arrays of one shape (..., A, t1, B, t2), the quantizer's
-        blocked view (`fp4lab.core.quantize.quantize_view`): the prepared input, x_hat and the
-        element grid values; blocks span the axes t1 and t2.
+      xb, vals_b: float32 arrays of one shape (..., A, t1, B, t2), the quantizer's blocked
+        view (`fp4lab.core.quantize.quantize_view`): the prepared input and the element grid
+        values; blocks span the axes t1 and t2.
+      scale_b: the block scales, broadcastable to (..., A, 1, B, 1).
+      outer_b: the outer scales, broadcastable to (..., A, t1, 1, 1) (one per tensor or row).
       vmax: the element format's largest magnitude (a saturated element's |grid value|).
+    x_hat is (vals_b * scale_b) * outer_b, computed in the kernel as the quantizer computes it
+    (`fp4lab.core.quantize.dequantize_blocks`), so the caller need not write it out.
     Vmapped calls run the kernel once over the stacked batch, each member on its own.
     Raises:
       RuntimeError: the kernels cannot be built here (`build_error`).
     """
     if not available():
         raise RuntimeError(f"fp4lab's CPU kernels are not available: {build_error()}")
-    if not (xb.shape == xhat_b.shape == vals_b.shape) or xb.ndim < 4:
-        raise ValueError(f"block_stats needs three blocked views of one shape, got {xb.shape}")
+    if xb.shape != vals_b.shape or xb.ndim < 4:
+        raise ValueError(f"block_stats needs two blocked views of one shape, got {xb.shape}")
     *lead, a, t1, b, t2 = xb.shape
+    pa = int(np.prod(lead, dtype=np.int64)) * a
+    # one block scale per block, one outer scale per row: a scale that varied within a block
+    # (or an outer one along the blocks) does not broadcast, and is an error here
+    scale = jnp.broadcast_to(jnp.asarray(scale_b, jnp.float32), (*lead, a, 1, b, 1))
+    outer = jnp.broadcast_to(jnp.asarray(outer_b, jnp.float32), (*lead, a, t1, 1, 1))
     call = jax.ffi.ffi_call(
         _TARGET, jax.ShapeDtypeStruct((5,), jnp.float32), vmap_method="broadcast_all"
     )
     args = jax.lax.stop_gradient(
-        tuple(v.astype(jnp.float32) for v in (xb, xhat_b, vals_b))
+        (
+            xb.astype(jnp.float32),
+            vals_b.astype(jnp.float32),
+            scale.reshape(*lead, a, b),
+            outer.reshape(*lead, a, t1),
+        )
     )  # statistics are measurements: nothing differentiates through them
-    return call(
-        *args, pa=int(np.prod(lead, dtype=np.int64)) * a, t1=t1, nb=b, t2=t2, vmax=np.float32(vmax)
-    )
+    return call(*args, pa=pa, t1=t1, nb=b, t2=t2, vmax=np.float32(vmax))
 
 
 def threefry(keys: jax.Array, counts: jax.Array) -> jax.Array:

@@ -1,18 +1,24 @@
-// The statistics of one quantized operand in one pass over x, x_hat and the grid values:
+// The statistics of one quantized operand in one pass over x and its grid values:
 // fp4lab.core.stats, method "fused", called through XLA's FFI (fp4lab.core.cpu_kernels builds
 // this file on first use).
 //
-// Inputs, float32, one group after another (a vmapped call stacks groups in front): x, x_hat
-// and the element grid values v in the quantizer's blocked view, pa block rows of t1 rows of
-// nb * t2 elements, where block (r, b) holds elements b*t2 .. b*t2 + t2 - 1 of rows
-// r*t1 .. r*t1 + t1 - 1 (the view's block axes are its third and first from the end).
+// Inputs, float32, one group after another (a vmapped call stacks groups in front): x and the
+// element grid values q in the quantizer's blocked view, pa block rows of t1 rows of nb * t2
+// elements, where block (r, b) holds elements b*t2 .. b*t2 + t2 - 1 of rows
+// r*t1 .. r*t1 + t1 - 1 (the view's block axes are its third and first from the end); the
+// block scales s, pa x nb (block (r, b)), and the outer scales o, pa x t1 (row i of block
+// row r). x_hat = (q * s) * o, the quantizer's dequantization (fp4lab.core.quantize
+// .dequantize_blocks) as the same two float32 multiplications, computed in the floating-point
+// environment of the thread that calls the kernel (on XLA's CPU threads: flush-to-zero and
+// denormals-are-zero, as in XLA's own code), which the pool's threads take on for the call;
+// so x_hat here is the quantizer's x_hat bit for bit, never written to memory.
 // Output, float32 per group: rel_err, bias, flush, saturated, underflow (fp4lab.schema.STATS
 // less map4).
 //
 //   rel_err    sqrt(sum (x_hat - x)^2) / sqrt(sum x^2)   0 for an all-zero operand
 //   bias       sum (x_hat - x) / sum |x|                 0 for an all-zero operand
 //   flush      #(x != 0 and x_hat == 0) / max(#(x != 0), 1)
-//   saturated  #(|v| == vmax and |x| > |x_hat|) / #elements
+//   saturated  #(|q| == vmax and |x| > |x_hat|) / #elements
 //   underflow  #(blocks with some x != 0 and every x_hat == 0) / #blocks
 //
 // rel_err and bias are NaN where x holds a NaN or an infinity. The float sums run in double
@@ -33,6 +39,14 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr: the calling thread's float environment
+#define FP4LAB_CSR 1
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -59,7 +73,10 @@ inline v8f Abs(const v8f& x) {
   return v;
 }
 
-inline v8d Wide(const v8f& v) { return __builtin_convertvector(v, v8d); }  // exact
+// exact; written lane by lane, which GCC turns into one conversion where the CPU has it
+inline v8d Wide(const v8f& v) { return v8d{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]}; }
+
+inline v8f Splat(float v) { return v8f{} + v; }
 
 inline bool Any(const v8i& m) {  // a lane of m is set: three shuffled ORs, then lane 0
   const v8i a = m | __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3);
@@ -82,10 +99,13 @@ struct Acc {
   double tail[4] = {0, 0, 0, 0};
   int64_t nz64 = 0, fl64 = 0, sat64 = 0, chunks = 0;
 
-  // Eight contiguous elements; sets the lanes' masks of x != 0 and x_hat != 0.
-  inline void Chunk(const float* xp, const float* hp, const float* vp, float vmax, v8i& mx,
-                    v8i& mh) {
-    const v8f x = Load(xp), h = Load(hp), v = Load(vp), ax = Abs(x), ah = Abs(h);
+  // Eight contiguous elements of x and q, with their block scales s and outer scales o: their
+  // x_hat is (q * s) * o. Sets the lanes' masks of x != 0 and x_hat != 0.
+  inline void Chunk(const float* xp, const float* qp, const v8f& s, const v8f& o, float vmax,
+                    v8i& mx, v8i& mh) {
+    const v8f x = Load(xp), q = Load(qp);
+    const v8f h = (q * s) * o;
+    const v8f ax = Abs(x), ah = Abs(h);
     const v8d xd = Wide(x), d = Wide(h) - xd;
     sxx += xd * xd;
     see += d * d;
@@ -94,12 +114,14 @@ struct Acc {
     mx = x != 0.0f;
     mh = h != 0.0f;
     nz -= mx;  // masks are -1 where true
-    fl -= mx & (h == 0.0f);
-    sat -= (Abs(v) == vmax) & (ax > ah);
+    fl -= mx & ~mh;
+    sat -= (Abs(q) == vmax) & (ax > ah);
     ++chunks;
   }
 
-  inline void Scalar(float x, float h, float v, float vmax) {
+  // One element; returns its x_hat.
+  inline float Scalar(float x, float v, float s, float o, float vmax) {
+    const float h = (v * s) * o;
     const double xd = x, d = static_cast<double>(h) - xd;
     tail[0] += xd * xd;
     tail[1] += d * d;
@@ -109,6 +131,7 @@ struct Acc {
     nz64 += m;
     fl64 += m & (h == 0.0f);
     sat64 += (std::fabs(v) == vmax) & (std::fabs(x) > std::fabs(h));
+    return h;
   }
 
   inline void Flush() {  // the int32 lane counts into int64, before a lane could overflow
@@ -143,47 +166,51 @@ struct Part {
   int64_t under = 0;
 };
 
-FP4LAB_CLONES void Rows(const float* __restrict X, const float* __restrict H,
-                        const float* __restrict V, int64_t r0, int64_t r1, int64_t t1, int64_t nb,
-                        int64_t t2, float vmax, Part& p) {
+FP4LAB_CLONES void Rows(const float* __restrict X, const float* __restrict Q,
+                        const float* __restrict S, const float* __restrict O, int64_t r0,
+                        int64_t r1, int64_t t1, int64_t nb, int64_t t2, float vmax, Part& p) {
   Acc a;  // a local: its lanes stay in registers
   std::vector<int32_t> live(nb), hot(nb);
   const int64_t row = nb * t2;
   for (int64_t r = r0; r < r1; ++r) {
     std::fill(live.begin(), live.end(), 0);
     std::fill(hot.begin(), hot.end(), 0);
+    const float* s = S + r * nb;  // the block scales of this block row
     for (int64_t i = 0; i < t1; ++i) {
       const int64_t off = (r * t1 + i) * row;
-      const float *x = X + off, *h = H + off, *v = V + off;
+      const float *x = X + off, *q = Q + off;
+      const float o = O[r * t1 + i];
+      const v8f ov = Splat(o);
       v8i mx, mh;
       if (t2 % 8 == 0) {  // whole chunks inside each block
         for (int64_t b = 0; b < nb; ++b) {
+          const v8f sv = Splat(s[b]);
           v8i ox = {}, oh = {};
           for (int64_t k = b * t2; k < (b + 1) * t2; k += 8) {
-            a.Chunk(x + k, h + k, v + k, vmax, mx, mh);
+            a.Chunk(x + k, q + k, sv, ov, vmax, mx, mh);
             ox |= mx;
             oh |= mh;
           }
           live[b] |= Any(ox);
           hot[b] |= Any(oh);
         }
-      } else if (t2 == 1) {  // one chunk spans eight blocks
+      } else if (t2 == 1) {  // one chunk spans eight blocks, each with its own scale
         int64_t k = 0;
         for (; k + 8 <= row; k += 8) {
-          a.Chunk(x + k, h + k, v + k, vmax, mx, mh);
+          a.Chunk(x + k, q + k, Load(s + k), ov, vmax, mx, mh);
           Or(live.data() + k, mx);
           Or(hot.data() + k, mh);
         }
         for (; k < row; ++k) {
-          a.Scalar(x[k], h[k], v[k], vmax);
+          const float h = a.Scalar(x[k], q[k], s[k], o, vmax);
           live[k] |= x[k] != 0.0f;
-          hot[k] |= h[k] != 0.0f;
+          hot[k] |= h != 0.0f;
         }
       } else {
         for (int64_t k = 0; k < row; ++k) {
-          a.Scalar(x[k], h[k], v[k], vmax);
+          const float h = a.Scalar(x[k], q[k], s[k / t2], o, vmax);
           live[k / t2] |= x[k] != 0.0f;
-          hot[k / t2] |= h[k] != 0.0f;
+          hot[k / t2] |= h != 0.0f;
         }
       }
       if (a.chunks > (int64_t{1} << 28)) a.Flush();
@@ -192,6 +219,126 @@ FP4LAB_CLONES void Rows(const float* __restrict X, const float* __restrict H,
   }
   a.Flush();
   p.a = a;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(FP4LAB_NO_AVX512)
+#define FP4LAB_AVX512 1
+#define FP4LAB_TARGET __attribute__((target("avx512f,popcnt")))
+
+// The AVX-512 loop, for blocks whose width is a multiple of 16 (a 16-wide vector lies in one
+// block) or 1 (a vector spans 16 blocks): the same sums as `Rows` (the low 8 elements of a
+// vector into lanes 0..7, then the high 8 into lanes 0..7, as two of its chunks), the counts
+// from 16-bit masks. Picked at run time where the CPU has AVX-512F (`PickRows`).
+struct Sums512 {
+  __m512d sxx, see, sab, ser;
+};
+
+FP4LAB_TARGET inline void Half(__m256 x8, __m256 h8, Sums512& z) {  // eight lanes, in order
+  const __m512d xd = _mm512_cvtps_pd(x8), d = _mm512_sub_pd(_mm512_cvtps_pd(h8), xd);
+  z.sxx = _mm512_add_pd(z.sxx, _mm512_mul_pd(xd, xd));
+  z.see = _mm512_add_pd(z.see, _mm512_mul_pd(d, d));
+  z.sab = _mm512_add_pd(z.sab, _mm512_abs_pd(xd));
+  z.ser = _mm512_add_pd(z.ser, d);
+}
+
+FP4LAB_TARGET inline __m256 High(__m512 v) {
+  return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+// Sixteen elements (m: those that exist, 0xffff or 0x00ff: a last chunk of eight), their
+// x_hat (q * s) * o; the counts into n (x != 0, flushed, saturated), the masks of x != 0 and
+// x_hat != 0 into kx and kh.
+FP4LAB_TARGET inline void Step(const float* xp, const float* qp, __m512 s, __m512 o,
+                               __m512 vmax, __mmask16 m, Sums512& z, int64_t n[3],
+                               __mmask16& kx, __mmask16& kh) {
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 x = _mm512_maskz_loadu_ps(m, xp), q = _mm512_maskz_loadu_ps(m, qp);
+  const __m512 h = _mm512_mul_ps(_mm512_mul_ps(q, s), o);
+  const __m512 ax = _mm512_abs_ps(x), ah = _mm512_abs_ps(h);
+  kx = _mm512_mask_cmp_ps_mask(m, x, zero, _CMP_NEQ_UQ);  // as C's x != 0: true for a NaN
+  kh = _mm512_mask_cmp_ps_mask(m, h, zero, _CMP_NEQ_UQ);
+  const __mmask16 top = _mm512_mask_cmp_ps_mask(m, _mm512_abs_ps(q), vmax, _CMP_EQ_OQ);
+  const __mmask16 sat = _mm512_mask_cmp_ps_mask(top, ax, ah, _CMP_GT_OQ);
+  n[0] += __builtin_popcount(_cvtmask16_u32(kx));
+  n[1] += __builtin_popcount(_cvtmask16_u32(kx) & ~_cvtmask16_u32(kh));
+  n[2] += __builtin_popcount(_cvtmask16_u32(sat));
+  Half(_mm512_castps512_ps256(x), _mm512_castps512_ps256(h), z);
+  if (m == 0xffff) Half(High(x), High(h), z);
+}
+
+FP4LAB_TARGET void RowsAvx512(const float* __restrict X, const float* __restrict Q,
+                              const float* __restrict S, const float* __restrict O, int64_t r0,
+                              int64_t r1, int64_t t1, int64_t nb, int64_t t2, float vmax,
+                              Part& p) {
+  Sums512 z = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(),
+               _mm512_setzero_pd()};
+  Acc a;  // the scalar tail's sums and counts
+  int64_t n[3] = {0, 0, 0};
+  const bool wide = t2 % 16 == 0;  // else t2 == 1: one bit per block (column) in 16-bit words
+  const int64_t row = nb * t2, words = wide ? nb : (nb + 15) / 16;
+  std::vector<uint32_t> live(words), hot(words);
+  const __m512 vm = _mm512_set1_ps(vmax);
+  for (int64_t r = r0; r < r1; ++r) {
+    std::fill(live.begin(), live.end(), 0);
+    std::fill(hot.begin(), hot.end(), 0);
+    const float* s = S + r * nb;
+    for (int64_t i = 0; i < t1; ++i) {
+      const int64_t off = (r * t1 + i) * row;
+      const float *x = X + off, *q = Q + off;
+      const float o = O[r * t1 + i];
+      const __m512 ov = _mm512_set1_ps(o);
+      __mmask16 kx, kh;
+      if (wide) {
+        for (int64_t b = 0; b < nb; ++b) {
+          const __m512 sv = _mm512_set1_ps(s[b]);
+          uint32_t ox = 0, oh = 0;
+          for (int64_t k = b * t2; k < (b + 1) * t2; k += 16) {
+            Step(x + k, q + k, sv, ov, vm, 0xffff, z, n, kx, kh);
+            ox |= _cvtmask16_u32(kx);
+            oh |= _cvtmask16_u32(kh);
+          }
+          live[b] |= ox != 0;
+          hot[b] |= oh != 0;
+        }
+        continue;
+      }
+      int64_t k = 0;
+      for (; k + 8 <= row; k += 16) {  // chunks of 16, and a last one of 8
+        const __mmask16 m = k + 16 <= row ? 0xffff : 0x00ff;
+        Step(x + k, q + k, _mm512_maskz_loadu_ps(m, s + k), ov, vm, m, z, n, kx, kh);
+        live[k / 16] |= _cvtmask16_u32(kx);
+        hot[k / 16] |= _cvtmask16_u32(kh);
+      }
+      k = row - row % 8;
+      for (; k < row; ++k) {  // fewer than 8 left: the scalar tail, as `Rows`
+        const float h = a.Scalar(x[k], q[k], s[k], o, vmax);
+        live[k / 16] |= uint32_t{x[k] != 0.0f} << (k % 16);
+        hot[k / 16] |= uint32_t{h != 0.0f} << (k % 16);
+      }
+    }
+    for (int64_t w = 0; w < words; ++w) p.under += __builtin_popcount(live[w] & ~hot[w]);
+  }
+  std::memcpy(&a.sxx, &z.sxx, sizeof a.sxx);
+  std::memcpy(&a.see, &z.see, sizeof a.see);
+  std::memcpy(&a.sab, &z.sab, sizeof a.sab);
+  std::memcpy(&a.ser, &z.ser, sizeof a.ser);
+  a.nz64 += n[0];
+  a.fl64 += n[1];
+  a.sat64 += n[2];
+  p.a = a;
+}
+#endif
+
+using RowsFn = void (*)(const float*, const float*, const float*, const float*, int64_t,
+                        int64_t, int64_t, int64_t, int64_t, float, Part&);
+
+// The loop for blocks of width t2 on this CPU.
+RowsFn PickRows(int64_t t2) {
+#ifdef FP4LAB_AVX512
+  if ((t2 % 16 == 0 || t2 == 1) && __builtin_cpu_supports("avx512f")) return RowsAvx512;
+#endif
+  return Rows;
 }
 
 // The statistics of one group from its parts, combined in the parts' order lane by lane.
@@ -233,50 +380,67 @@ constexpr int64_t kPartElements = int64_t{1} << 16;
 // from `next`; the caller waits until every part is done. A task that starts after that finds
 // nothing left to take (it holds this state, so the state outlives the call).
 struct Work {
-  const float *X, *H, *V;
+  const float *X, *Q, *S, *O;
   int64_t per, rows, nparts, pa, t1, nb, t2, total;
   float vmax;
+  RowsFn rows_fn = Rows;
+  unsigned csr = 0;  // the calling thread's float environment (x86: MXCSR), taken on by helpers
   std::vector<Part> parts;
   std::atomic<int64_t> next{0}, done{0};
   std::mutex mutex;
   std::condition_variable finished;
 
   void Run() {
+#ifdef FP4LAB_CSR
+    const unsigned own = _mm_getcsr();
+    _mm_setcsr(csr);  // x_hat's multiplications as the calling thread computes them
+#endif
     for (int64_t c; (c = next.fetch_add(1)) < total;) {
       const int64_t g = c / nparts, r0 = (c % nparts) * rows;
-      Rows(X + g * per, H + g * per, V + g * per, r0, std::min(pa, r0 + rows), t1, nb, t2, vmax,
-           parts[c]);
+      rows_fn(X + g * per, Q + g * per, S + g * pa * nb, O + g * pa * t1, r0,
+              std::min(pa, r0 + rows), t1, nb, t2, vmax, parts[c]);
       if (done.fetch_add(1) + 1 == total) {
         std::lock_guard<std::mutex> lock(mutex);
         finished.notify_all();
       }
     }
+#ifdef FP4LAB_CSR
+    _mm_setcsr(own);
+#endif
   }
 };
 
-ffi::Error OperandStats(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> xhat,
-                        ffi::Buffer<ffi::F32> vals, ffi::ResultBuffer<ffi::F32> out, int64_t pa,
-                        int64_t t1, int64_t nb, int64_t t2, float vmax) {
+ffi::Error OperandStats(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> q,
+                        ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::F32> outer,
+                        ffi::ResultBuffer<ffi::F32> out, int64_t pa, int64_t t1, int64_t nb,
+                        int64_t t2, float vmax) {
   const int64_t per = pa * t1 * nb * t2;
   const int64_t n = static_cast<int64_t>(x.element_count());
+  const int64_t groups = per > 0 ? n / per : 0;
   if (pa <= 0 || t1 <= 0 || nb <= 0 || t2 <= 0 || n % per != 0 ||
-      xhat.element_count() != x.element_count() || vals.element_count() != x.element_count() ||
-      static_cast<int64_t>(out->element_count()) != 5 * (n / per)) {
+      static_cast<int64_t>(q.element_count()) != n ||
+      static_cast<int64_t>(scale.element_count()) != groups * pa * nb ||
+      static_cast<int64_t>(outer.element_count()) != groups * pa * t1 ||
+      static_cast<int64_t>(out->element_count()) != 5 * groups) {
     return ffi::Error::InvalidArgument(
         "fp4lab_operand_stats: the buffers do not match the blocked view (pa, t1, nb, t2)");
   }
-  const int64_t groups = n / per;
   auto work = std::make_shared<Work>();
   Work& w = *work;
   w.X = x.typed_data();
-  w.H = xhat.typed_data();
-  w.V = vals.typed_data();
+  w.Q = q.typed_data();
+  w.S = scale.typed_data();
+  w.O = outer.typed_data();
+#ifdef FP4LAB_CSR
+  w.csr = _mm_getcsr();
+#endif
   w.per = per;
   w.pa = pa;
   w.t1 = t1;
   w.nb = nb;
   w.t2 = t2;
   w.vmax = vmax;
+  w.rows_fn = PickRows(t2);
   w.rows = std::max<int64_t>(1, kPartElements / (t1 * nb * t2));
   w.nparts = (pa + w.rows - 1) / w.rows;
   w.total = groups * w.nparts;
@@ -299,6 +463,7 @@ ffi::Error OperandStats(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FP4LAB_STATS_SYMBOL, OperandStats,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

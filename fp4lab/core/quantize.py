@@ -41,6 +41,7 @@ __all__ = [
     "restore_view",
     "dequantized_view",
     "dequantize_blocks",
+    "dequantize_terms",
     "grid_values",
     "restore",
 ]
@@ -409,14 +410,15 @@ def _quantize_dequantize(x, spec, key, transform_key, amax, rotated):
 
 
 def dequantized_view(x, spec: QuantSpec, key, transform_key, amax, rotated: bool):
-    """(x_hat, xb, scaled, xhat_b): x_hat as `quantize_dequantize` computes it, and the blocked
-    view it came from (`quantize_view`'s xb and scaled, and x_hat blocked the same way), for a
-    caller that measures the quantization too (`fp4lab.core.stats`). Not jitted itself."""
+    """(x_hat, xb, scaled, scope): x_hat as `quantize_dequantize` computes it, and the blocked
+    view it came from (`quantize_view`'s xb, scaled and scope amax: x_hat's blocks are
+    `dequantize_blocks(scaled, ..., scope)`), for a caller that measures the quantization too
+    (`fp4lab.core.stats`). Not jitted itself."""
     x = jnp.asarray(x)
     xb, scaled, scope, transform_key, view = quantize_view(x, spec, key, transform_key, amax)
     xhat_b = dequantize_blocks(scaled, formats.get_format(spec.elem), scope)
     x_hat = restore_view(xhat_b, spec, x.shape, x.dtype, transform_key, rotated, view)
-    return x_hat, xb, scaled, xhat_b
+    return x_hat, xb, scaled, scope
 
 
 def dequantize_blocks(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope) -> jax.Array:
@@ -427,8 +429,17 @@ def dequantize_blocks(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope)
     NaN whether or not q is first read back as its code's 0 (`grid_values`), as the codes
     would have it. Integer grids still go through `grid_values`, which also turns -0 into 0.
     """
-    q = scaled.q if fmt.kind == "float" else grid_values(scaled.q, fmt)
-    return q * scaled.scale * _outer(scaled, scope)
+    vals, outer = dequantize_terms(scaled, fmt, scope)
+    return vals * scaled.scale * outer
+
+
+def dequantize_terms(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope):
+    """(grid values, outer scale) of `dequantize_blocks`: x_hat = (vals * scaled.scale) * outer,
+    those two float32 multiplications in that order (what the fused statistics' kernel
+    computes x_hat from, without it being written out). The outer scale is broadcast to the
+    scope amax's shape (one per row, or one per tensor)."""
+    vals = scaled.q if fmt.kind == "float" else grid_values(scaled.q, fmt)
+    return vals, _outer(scaled, scope)
 
 
 def _outer(scaled: scaling.Scaled, scope) -> jax.Array:

@@ -12,9 +12,10 @@ are measured, so x_hat is bit for bit what `quantize(...).dequantize(rotated=Tru
 
 Two methods compute them (`operand_stats(..., method=)`):
 
-    "fused"      the default: one pass over x, x_hat and the grid values in the quantizer's
-                 blocked view (`quantize_view`: an inner axis blocked where it lies), by a C++
-                 kernel on the CPU (`fp4lab.core.cpu_kernels`). The float sums run in double
+    "fused"      the default: one pass over x and the grid values in the quantizer's blocked
+                 view (`quantize_view`: an inner axis blocked where it lies), by a C++ kernel
+                 on the CPU (`fp4lab.core.cpu_kernels`) that computes x_hat from them and the
+                 block and outer scales as the quantizer does. The float sums run in double
                  precision, so rel_err and bias are the float32 roundings of nearly exact
                  values; both are NaN for an operand holding a NaN or an infinity.
     "reference"  the jnp formulas, float32 sums in the order XLA gives them, in the moved
@@ -47,6 +48,7 @@ import jax.numpy as jnp
 from fp4lab.core import cpu_kernels, formats, scaling
 from fp4lab.core.quantize import (
     dequantize_blocks,
+    dequantize_terms,
     dequantized_view,
     grid_values,
     quantize_blocks,
@@ -120,17 +122,20 @@ def operand_stats_deferred(
 @functools.partial(jax.jit, static_argnames=("spec",))
 def _deferred_parts(a, spec, key, transform_key, amax):
     """x_hat (`quantize_dequantize`'s, rotated), and what the kernel measures it from: the
-    blocked input, the element grid values, the blocked x_hat and four-over-six's choices
-    (None without it)."""
-    x_hat, xb, scaled, xhat_b = dequantized_view(a, spec, key, transform_key, amax, True)
-    return x_hat, (xb, scaled.q, xhat_b, scaled.map4)
+    blocked input, the element grid values, the block and outer scales (x_hat's blocks are
+    their products, `dequantize_terms`) and four-over-six's choices (None without it)."""
+    x_hat, xb, scaled, scope = dequantized_view(a, spec, key, transform_key, amax, True)
+    vals, outer = dequantize_terms(scaled, formats.get_format(spec.elem), scope)
+    return x_hat, (xb, vals, scaled.scale, outer, scaled.map4)
 
 
-def _measure_parts(xb, q, xhat_b, map4, fmt):
-    """The fused statistics of one quantization from `_deferred_parts`' parts (as `_fused`)."""
-    # The kernel reads the grid values only as |q| == max (saturation), which a NaN q and the 0
-    # its code reads back (`grid_values`) both fail: q goes in as it is, one array fewer.
-    five = cpu_kernels.block_stats(xb, xhat_b, q, fmt.max)
+def _measure_parts(xb, vals, scale, outer, map4, fmt):
+    """The fused statistics of one quantization from `_deferred_parts`' parts (as `_fused`).
+
+    The kernel computes x_hat from the grid values and the scales rather than reading it: the
+    GEMM's x_hat can then be written straight in the layout the GEMM wants (a transposed copy
+    for the Wgrad operands), without a second copy in the blocked view for the kernel."""
+    five = cpu_kernels.block_stats(xb, vals, scale, outer, fmt.max)
     map4 = jnp.float32(0.0) if map4 is None else jnp.mean(map4)
     return jnp.concatenate([five, map4.astype(jnp.float32)[None]])
 

@@ -19,6 +19,7 @@ from fp4lab.core import cpu_kernels, formats, hadamard
 from fp4lab.core import stats as stats_module
 from fp4lab.core.quantize import (
     dequantize_blocks,
+    dequantize_terms,
     grid_values,
     quantize_blocks,
     quantize_dequantize,
@@ -60,12 +61,25 @@ def _x(shape, seed=0):
     return x.at[(1,) * len(shape)].set(1e-30)  # a value that flushes
 
 
+def _ftz(v):
+    """float32 v with subnormals flushed to a zero of their sign."""
+    tiny = np.finfo(np.float32).tiny
+    return np.where(np.abs(v) < tiny, np.copysign(np.float32(0), v), v).astype(np.float32)
+
+
 def numpy_stats(a, spec, key):
     """The statistics' definitions in float64 numpy, on the quantizer's moved-layout blocks."""
     xb, scaled, scope, _ = quantize_blocks(a, spec, key, None, None)
     fmt = formats.get_format(spec.elem)
     x = np.asarray(xb, np.float64)
-    h = np.asarray(dequantize_blocks(scaled, fmt, scope), np.float64)
+    h32 = np.asarray(dequantize_blocks(scaled, fmt, scope))
+    vals, outer = dequantize_terms(scaled, fmt, scope)
+    # x_hat is the two float32 products in this order (what the kernel recomputes it as),
+    # each flushed to zero below the normal range, as XLA's CPU code computes
+    with np.errstate(invalid="ignore", over="ignore"):
+        by_hand = _ftz(_ftz(np.asarray(vals) * np.asarray(scaled.scale)) * np.asarray(outer))
+    np.testing.assert_array_equal(h32, by_hand)
+    h = h32.astype(np.float64)
     v = np.asarray(grid_values(scaled.q, fmt), np.float64)
     err = h - x
     nx = np.sqrt(np.sum(x * x))
@@ -171,6 +185,96 @@ def test_row_lengths_and_block_widths_of_every_kernel_path():
         np.testing.assert_allclose(got[FLOATS], want[FLOATS], rtol=1.2e-7, atol=1e-30)
 
 
+# blocked views (A, t1, B, t2) for every loop of the kernel: 16-wide blocks (one vector a
+# block with AVX-512) in 1D and 2D tiles and in several parts, 32-wide blocks (MX), 1-wide
+# blocks with rows of 16s, of 16s and an 8, and of 16s and a scalar tail, 8-wide blocks, and
+# widths that are scalar only
+KERNEL_VIEWS = [
+    (600, 1, 8, 16),
+    (6, 16, 4, 16),
+    (9, 2, 3, 32),
+    (7, 16, 32, 1),
+    (5, 4, 24, 1),
+    (3, 16, 37, 1),
+    (11, 1, 5, 8),
+    (9, 2, 5, 4),
+    (4, 3, 2, 13),
+]
+
+
+def _kernel_operands(view, seed, spread=20):
+    """x (magnitudes over about e^-spread to e^spread), grid values q (integers in [-6, 6], so
+    some saturate), block scales s (A, B) with a zero block, and outer scales o (A, t1), of the
+    blocked view `view`; the products q * s * o stay in the normal range."""
+    rng = np.random.default_rng(seed)
+    a, t1, b, t2 = view
+    x = rng.standard_normal(view) * np.exp(rng.uniform(-spread, spread, view))
+    x = x.astype(np.float32)
+    x = np.where(rng.uniform(size=view) < 0.05, 0.0, x).astype(np.float32)
+    q = np.round(rng.uniform(-6, 6, view)).astype(np.float32)
+    s = np.exp(rng.uniform(-7, 7, (a, b))).astype(np.float32)
+    s[0, 0] = 0.0  # a block whose x_hat is all zero
+    o = np.exp(rng.uniform(-7, 7, (a, t1))).astype(np.float32)
+    return x, q, s, o
+
+
+def _kernel_numpy(x, q, s, o, vmax):
+    """The kernel's five statistics from their definitions, float64 sums, x_hat = (q*s)*o."""
+    a, t1, b, t2 = x.shape
+    h = (q * s[:, None, :, None]) * o[:, :, None, None]  # float32 products, in this order
+    xd, hd = x.astype(np.float64), h.astype(np.float64)
+    err = hd - xd
+    nz = x != 0
+
+    def frac(count, total):
+        return np.float32(count) / np.float32(total)
+
+    return np.array(
+        [
+            np.sqrt(np.sum(err * err)) / np.sqrt(np.sum(xd * xd)),
+            np.sum(err) / np.sum(np.abs(xd)),
+            frac(np.sum(nz & (h == 0)), max(np.sum(nz), 1)),
+            frac(np.sum((np.abs(q) == vmax) & (np.abs(x) > np.abs(h))), x.size),
+            frac(np.sum(np.any(nz, axis=(1, 3)) & ~np.any(h != 0, axis=(1, 3))), a * b),
+        ]
+    )
+
+
+@pytest.mark.parametrize("view", KERNEL_VIEWS)
+def test_the_kernel_against_its_formulas_on_every_loop(view):
+    x, q, s, o = _kernel_operands(view, seed=sum(view))
+    got = np.asarray(
+        cpu_kernels.block_stats(
+            *map(jnp.asarray, (x, q)), s[:, None, :, None], o[:, :, None, None], 6.0
+        ),
+        np.float64,
+    )
+    want = _kernel_numpy(x, q, s, o, 6.0)
+    np.testing.assert_array_equal(got[2:], want[2:].astype(np.float32))
+    np.testing.assert_allclose(got[:2], want[:2], rtol=1.2e-7)
+    assert got[3] > 0 and got[4] > 0  # saturated elements and an underflowed block were there
+
+
+def test_an_x_hat_below_the_normal_range_is_flushed_as_xla_flushes_it():
+    # a tensor of tiny values (amax about 4e-33): NVFP4's tensor scale makes some products q*s*o
+    # subnormal, which XLA's CPU code flushes to zero; the kernel computes x_hat in the same
+    # floating-point environment, so its counts are those of the quantizer's x_hat
+    spec = fl.nvfp4()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 256)).astype(np.float32) * np.float32(1e-33)
+    # blocks near the bottom of the normal range (the inputs themselves stay normal)
+    tiny = rng.uniform(1.2e-38, 1e-37, (64, 128)) * rng.choice([-1.0, 1.0], (64, 128))
+    x[:, 128:] = tiny.astype(np.float32)
+    xb, scaled, scope, _ = quantize_blocks(jnp.asarray(x), spec, None, None, None)
+    vals, outer = dequantize_terms(scaled, formats.get_format(spec.elem), scope)
+    exact = np.asarray(vals, np.float64) * np.asarray(scaled.scale) * np.asarray(outer)
+    assert np.any((exact != 0) & (np.abs(exact) < np.finfo(np.float32).tiny))  # the case is here
+    got = np.asarray(operand_stats(jnp.asarray(x), spec)[1], np.float64)
+    want = numpy_stats(jnp.asarray(x), spec, None)
+    np.testing.assert_array_equal(got[COUNTS], want[COUNTS].astype(np.float32))
+    np.testing.assert_allclose(got[FLOATS], want[FLOATS], rtol=1.2e-7)
+
+
 def test_non_finite_and_zero_operands():
     spec = fl.nvfp4()
     x = _x((16, 32))
@@ -239,7 +343,7 @@ def test_an_unknown_method_is_an_error():
     with pytest.raises(RuntimeError, match="not available"):
         with pytest.MonkeyPatch.context() as m:
             m.setattr(cpu_kernels, "available", lambda: False)
-            cpu_kernels.block_stats(*(jnp.ones((1, 1, 1, 16)),) * 3, 6.0)
+            cpu_kernels.block_stats(*(jnp.ones((1, 1, 1, 16)),) * 4, 6.0)
 
 
 def test_kernels_are_built_once_into_the_cache_folder(tmp_path):
@@ -273,12 +377,13 @@ _CLONES: dict[str, str] = {}  # variant -> the FFI target its build registered (
 
 def _clone_target(variant: str, flags: tuple[str, ...], folder) -> str:
     """The kernel built as one copy for `flags` (no target clones), registered under its own
-    FFI target; built once a process."""
+    FFI target; built once a process. `flags` may hold -DFP4LAB_NO_AVX512 (the generic loop
+    only, without the AVX-512 loop of 16-wide masks)."""
     import ctypes
     import subprocess
 
     if variant not in _CLONES:
-        symbol = f"fp4lab_operand_stats_{variant}"
+        symbol = f"fp4lab_operand_stats_{variant.replace('-', '_')}"
         lib = folder / f"{symbol}.so"
         defines = ("-DFP4LAB_CLONES=", f"-DFP4LAB_STATS_SYMBOL={symbol}")
         command = cpu_kernels.compile_command(defines + flags)
@@ -325,45 +430,44 @@ def test_the_kernel_sums_in_its_documented_order():
     # the bias of operands built so that another order of the float64 sums gives another
     # value, against the value the documented order gives (worked out by hand above)
     for name, (x, x_hat, bias) in _order_operands().items():
-        args = tuple(map(jnp.asarray, (x, x_hat, np.zeros_like(x))))
-        got = np.asarray(cpu_kernels.block_stats(*args, 6.0))
+        # x_hat as the grid values, block and outer scales 1: x_hat = (x_hat * 1) * 1
+        got = np.asarray(cpu_kernels.block_stats(jnp.asarray(x), jnp.asarray(x_hat), 1, 1, 6.0))
         assert got[STAT["bias"]] == bias, (name, got[STAT["bias"]], bias)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the kernel's clones are x86-64 code")
 def test_every_cpu_clone_of_the_kernel_gives_the_same_bits(tmp_path):
-    # the baseline, AVX2 and AVX-512 copies of the loop (those this CPU can run), each built on
-    # its own, against the dispatching build, on operands of every kernel path (whole chunks in
-    # several parts, 1-wide blocks with a scalar tail, blocks of 4: all scalar), with values
-    # over about 1e-17 to 1e17, zeros and a NaN: the same bits everywhere; and each sums in
-    # the documented order (`test_the_kernel_sums_in_its_documented_order`)
+    # the generic loop's baseline, AVX2 and AVX-512 copies and the AVX-512 loop of 16-wide
+    # masks (those this CPU can run), each built on its own, against the dispatching build, on
+    # operands of every kernel path (`KERNEL_VIEWS`, and 16-wide blocks in several parts), with
+    # values over about 1e-17 to 1e17, zeros, blocks of scale 0 and a NaN: the same bits
+    # everywhere; and each sums in the documented order
     host = _host_cpu_flags()
-    variants = {"baseline": ()}
-    variants |= {"avx2": ("-mavx2",)} if "avx2" in host else {}
-    variants |= {"avx512": ("-mavx512f",)} if "avx512f" in host else {}
-    rng = np.random.default_rng(3)
-    shapes = [(2100, 1, 2, 16), (300, 16, 20, 16), (40, 3, 13, 1), (9, 2, 5, 4)]
+    generic = ("-DFP4LAB_NO_AVX512",)
+    variants = {"baseline": generic}
+    variants |= {"avx2": (*generic, "-mavx2")} if "avx2" in host else {}
+    if "avx512f" in host:
+        variants |= {"avx512": (*generic, "-mavx512f"), "avx512-masks": ()}
+    views = [(2100, 1, 2, 16), (300, 16, 20, 16), *KERNEL_VIEWS]
     for variant, flags in variants.items():
         target = _clone_target(variant, flags, tmp_path)
         for name, (x, x_hat, bias) in _order_operands().items():
-            args = tuple(map(jnp.asarray, (x, x_hat, np.zeros_like(x))))
             a, t1, b, t2 = x.shape
+            args = (x, x_hat, np.ones((a, b), np.float32), np.ones((a, t1), np.float32))
             call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((5,), jnp.float32))
             got = np.asarray(call(*args, pa=a, t1=t1, nb=b, t2=t2, vmax=np.float32(6.0)))
             assert got[STAT["bias"]] == bias, (variant, name)
-        for shape in shapes:
-            a, t1, b, t2 = shape
+        for view in views:
+            a, t1, b, t2 = view
             call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((5,), jnp.float32))
-            x = rng.standard_normal(shape) * np.exp(rng.uniform(-40, 40, shape))
-            x = np.where(rng.uniform(size=shape) < 0.05, 0.0, x).astype(np.float32)
-            x_hat = np.where(rng.uniform(size=shape) < 0.1, 0.0, x * 1.07).astype(np.float32)
-            vals = np.round(rng.uniform(-6, 6, shape)).astype(np.float32)
+            x, q, sc, o = _kernel_operands(view, seed=a + b, spread=40)
             for nan in (False, True):
                 if nan:
                     x = x.copy()
                     x.flat[7] = np.nan
-                args = tuple(map(jnp.asarray, (x, x_hat, vals)))
-                want = np.asarray(cpu_kernels.block_stats(*args, 6.0))
+                args = tuple(map(jnp.asarray, (x, q, sc, o)))
+                scales = (sc[:, None, :, None], o[:, :, None, None])
+                want = np.asarray(cpu_kernels.block_stats(*args[:2], *scales, 6.0))
                 got = np.asarray(call(*args, pa=a, t1=t1, nb=b, t2=t2, vmax=np.float32(6.0)))
-                assert got.tobytes() == want.tobytes(), (variant, shape, nan, got, want)
+                assert got.tobytes() == want.tobytes(), (variant, view, nan, got, want)
