@@ -26,9 +26,10 @@
 // elements (whole block rows, fixed by the shape), which the threads of XLA's pool share;
 // the parts are then added in order, lane by lane. So the products are exact and the sums
 // the same IEEE operations in the same order whatever the number of threads and on every
-// x86-64 CPU (built with -ffp-contract=off; the AVX-512, AVX2 and baseline clones compute the
-// same eight lanes, as one, two or four vector registers). The counts are exact; the fractions
-// are correctly rounded float32 divisions.
+// x86-64 CPU (built with -ffp-contract=off; the generic loop's AVX-512, AVX2 and baseline
+// clones compute the same eight lanes, as one, two or four vector registers, and so does the
+// AVX-512 loop of 16-wide masks, `RowsAvx512`, with the two halves of each vector in turn).
+// The counts are exact; the fractions are correctly rounded float32 divisions.
 
 #include <algorithm>
 #include <atomic>
@@ -229,7 +230,8 @@ FP4LAB_CLONES void Rows(const float* __restrict X, const float* __restrict Q,
 // The AVX-512 loop, for blocks whose width is a multiple of 16 (a 16-wide vector lies in one
 // block) or 1 (a vector spans 16 blocks): the same sums as `Rows` (the low 8 elements of a
 // vector into lanes 0..7, then the high 8 into lanes 0..7, as two of its chunks), the counts
-// from 16-bit masks. Picked at run time where the CPU has AVX-512F (`PickRows`).
+// from 16-bit masks. Picked at run time where the CPU has AVX-512F (`PickRows`); a build with
+// -DFP4LAB_NO_AVX512 leaves it out (the tests build the generic loop alone that way).
 struct Sums512 {
   __m512d sxx, see, sab, ser;
 };

@@ -11,10 +11,10 @@ the axis before it (after moving `axis` last), as weight tiles of 16x16 do.
 
 The blocks API is what `quantize`, `quantize_dequantize` and the statistics of
 `fp4lab.core.stats` are built from: `quantize_blocks` (the prepared input and its scaled grid
-values in the blocked view), `grid_values`, `dequantize_blocks` and `restore` (back to the
-input's layout); `quantize_view` and `restore_view` are the same with the blocks taken where
-they lie along an inner axis (no transposes), as `quantize_dequantize` and the fused
-statistics take them.
+values in the blocked view), `grid_values`, `dequantize_blocks` (and its two factors,
+`dequantize_terms`) and `restore` (back to the input's layout); `quantize_view` and
+`restore_view` are the same with the blocks taken where they lie along an inner axis (no
+transposes), as `quantize_dequantize` and the fused statistics take them.
 """
 
 from __future__ import annotations
