@@ -93,7 +93,12 @@ SQRT3 = math.sqrt(3.0)  # training stalls below ||g|| / ||g_q - g|| = sqrt(3) (C
 # the store leaves the field out of run ids at it, so the records made before the field keep
 # their ids and reproduce. A field whose default is another value (telemetry_stats: "fused")
 # gives new runs new ids; experiment files of committed results pin the old value.
-RECORDED_BEFORE: dict[str, Any] = {"scan_layers": False, "telemetry_stats": "reference"}
+RECORDED_BEFORE: dict[str, Any] = {
+    "scan_layers": False,
+    "telemetry_stats": "reference",
+    "task_file": "",
+    "task_args": [],
+}
 
 
 class MetricKey(NamedTuple):

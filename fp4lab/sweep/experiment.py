@@ -33,6 +33,10 @@ default label shows a recipe by its name (so name your recipes) and a spec by
 A cell that reads a data file (the text task's `text_path`) has the file's content hash in its
 run ids (`fp4lab.sweep.store.data_hashes`): editing the file makes its runs new runs.
 
+A file that defines `model(config, rngs)`, `loss(model, batch)` and `batch(key, step)` trains
+its own model on its own data (`fp4lab.train.own`): its cells get task "own" and task_file the
+file, and their run ids hash the file's source and its declared `DATA_FILES`.
+
 Overrides for every cell (`load_experiment(path, overrides={"lr": 1e-3})`, from the command line
 `fp4lab run FILE --set lr=1e-3`, parsed by `parse_overrides`) replace a field in the base config
 and in every cell, the cells' own values for it included; they are validated like the file and,
@@ -54,6 +58,7 @@ from fp4lab.core.recipes import GemmRecipe
 from fp4lab.core.spec import QuantSpec
 from fp4lab.schema import STREAMS, did_you_mean
 from fp4lab.sweep.store import data_hashes, run_id
+from fp4lab.train import own
 from fp4lab.train.config import Config, ConfigError, jsonable, make
 
 __all__ = [
@@ -193,9 +198,26 @@ def _data(cfg: Config) -> dict[str, str]:
     try:
         return data_hashes(cfg.to_dict())
     except OSError as e:
+        field = "task_file" if cfg.task == "own" else "text_path"
         raise ExperimentError(
-            f"Config.text_path={cfg.text_path!r}: cannot read the data file ({e.strerror})"
+            f"Config.{field}={getattr(cfg, field)!r}: cannot read a data file {e.filename!r} "
+            f"({e.strerror})"
         ) from e
+
+
+def _own_base(base: Config, module, path: Path) -> Config:
+    """The base config of a file that brings its own model, loss and data (`fp4lab.train.own`):
+    task "own", task_file the file (as the manifest shows its path)."""
+    try:
+        own.adopt(path, module)
+    except own.OwnTaskError as e:
+        raise ExperimentError(str(e)) from e
+    if base.task not in ("markov", "own"):
+        raise ExperimentError(
+            f"{path}: defines model, loss and batch but get_config() sets task={base.task!r}; "
+            "leave task out (the file's own task is used)"
+        )
+    return base.replace(task="own", task_file=_shown_path(path))
 
 
 def load_experiment(
@@ -246,6 +268,8 @@ def load_experiment(
         raise ExperimentError(f"{path}: get_config() raised {type(e).__name__}: {e}") from e
     if not isinstance(base, Config):
         raise ExperimentError(f"{path}: get_config() returned {type(base).__name__}; need Config")
+    if own.defines_task(module):  # the file's own model, loss and data
+        base = _own_base(base, module, path)
     if forced:
         try:
             base = make(forced, base)

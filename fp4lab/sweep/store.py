@@ -72,6 +72,7 @@ from fp4lab.sweep.records import (
     warn_bad,
     write_atomic,
 )
+from fp4lab.train import own
 
 __all__ = [
     "NUMERICS_VERSION",
@@ -108,6 +109,7 @@ ID_DEFAULTS: dict[str, Any] = RECORDED_BEFORE
 # telemetry): left out of the id there, and shown at their ID default.
 INERT: dict[str, Callable[[dict[str, Any]], bool]] = {
     "telemetry_stats": lambda config: not config.get("telemetry_every"),
+    "task_file": lambda config: True,  # a path: its content hash is in the data hashes
 }
 _PACKAGES = ("fp4lab", "jax", "jaxlib", "flax", "optax", "ml_dtypes", "numpy")
 _DATA_FIELDS = {"text": "text_path"}  # task -> the config field naming its data file
@@ -119,6 +121,8 @@ def data_hashes(config: dict[str, Any]) -> dict[str, str]:
     Raises:
       OSError: the file cannot be read (the experiment loader reports it with its cell).
     """
+    if config.get("task") == "own":  # the file's source and the data files it declares
+        return own.hashes(config["task_file"])
     field = _DATA_FIELDS.get(config.get("task"))
     if not field or not config.get(field):
         return {}

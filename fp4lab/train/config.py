@@ -56,7 +56,7 @@ __all__ = [
     "jsonable",
 ]
 
-TASKS = ("markov", "teacher", "text")
+TASKS = ("markov", "teacher", "text", "own")
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 LOSS_SCALING = ("none", "static", "dynamic")
@@ -115,7 +115,9 @@ class Config:
     """Everything a training run depends on except its seeds."""
 
     # task (its own seed fixes the task itself, e.g. the Markov chain; streams do not touch it)
-    task: str = "markov"  # "markov" | "teacher" | "text"
+    task: str = "markov"  # "markov" | "teacher" | "text" | "own" (your model: fp4lab.train.own)
+    task_file: str = ""  # own: the file of model, loss and batch ("python:<hash>": registered)
+    task_args: tuple[tuple[str, Any], ...] = ()  # own: your parameters, {name: JSON value}
     task_seed: int = 0  # seeds the Markov chain or the teacher network
     vocab: int = 32  # markov: number of tokens
     order: int = 1  # markov: tokens of context (1 or 2)
@@ -200,7 +202,16 @@ class Config:
             raise ConfigError("Config.text_path is empty; the text task needs a file")
         if self.task == "markov" and self.branching > self.vocab:
             raise ConfigError(f"Config.branching={self.branching} > vocab={self.vocab}")
-        if self.task != "teacher" and self.d_model % self.n_heads:
+        if self.task == "own" and not self.task_file:
+            raise ConfigError("Config.task_file is empty; task='own' needs the file of its model")
+        if self.task != "own" and (self.task_file or self.task_args):
+            raise ConfigError(f"Config.task={self.task!r} takes no task_file or task_args")
+        for name, value in self.task_args:
+            if not isinstance(name, str) or not isinstance(value, str | int | float | None):
+                raise ConfigError(
+                    f"Config.task_args[{name!r}]={value!r}; allowed: str, int, float, bool, None"
+                )
+        if self.task not in ("teacher", "own") and self.d_model % self.n_heads:
             raise ConfigError(
                 f"Config.n_heads={self.n_heads}; allowed: a divisor of d_model={self.d_model}"
             )

@@ -3,6 +3,7 @@
     markov    the Llama-style Transformer on a synthetic Markov language (floor: its entropy rate)
     text      the same model on a character-level text file (floor unknown)
     teacher   an MLP regressing a fixed random teacher network (floor 0)
+    own       your model, loss and data (`fp4lab.train.own`; floor: the file's FLOOR or unknown)
 
 `init_model` uses the `init` stream only; `train_batch` and `eval_batch` the `data` stream only
 (disjoint draws), so a sweep can vary one stream while holding the others fixed.
@@ -22,6 +23,7 @@ from flax import nnx
 
 from fp4lab.data import CharDataset, MarkovLM, Teacher
 from fp4lab.models import MLP, Transformer, TransformerConfig
+from fp4lab.train import own
 from fp4lab.train.config import Config
 
 __all__ = ["Task", "make_task", "init_model", "train_batch", "eval_batch"]
@@ -35,8 +37,9 @@ class Task:
     floor: float  # the best achievable expected loss (NaN when unknown)
     tokens_per_step: int  # tokens (or examples) one optimizer step consumes
     model: Callable[[nnx.Rngs], nnx.Module]
-    batch: Callable[[jax.Array], Any]  # data key -> batch
+    batch: Callable[[jax.Array, Any], Any]  # (data key, step) -> batch
     loss: Callable[[nnx.Module, Any], jax.Array]  # (model, batch) -> mean loss
+    eval: Callable[[jax.Array, Any], Any] | None = None  # (key, i) -> held-out batch (or batch)
 
 
 def _lm_task(cfg: Config, vocab: int, sample, floor: float, skip: int, name: str) -> Task:
@@ -62,7 +65,7 @@ def _lm_task(cfg: Config, vocab: int, sample, floor: float, skip: int, name: str
         floor=floor,
         tokens_per_step=cfg.batch_size * cfg.seq_len,
         model=lambda rngs: Transformer(tcfg, rngs=rngs),
-        batch=sample,
+        batch=lambda key, t: sample(key),
         loss=loss,
     )
 
@@ -71,6 +74,8 @@ def make_task(cfg: Config) -> Task:
     """The task of a config: the Markov language (floor: its entropy rate), teacher-student
     regression (floor 0) or a character-level text file (floor unknown)."""
     B, T1 = cfg.batch_size, cfg.seq_len + 1
+    if cfg.task == "own":
+        return _own_task(cfg)
     if cfg.task == "markov":
         lang = MarkovLM(
             vocab=cfg.vocab, order=cfg.order, branching=cfg.branching, seed=cfg.task_seed
@@ -100,8 +105,28 @@ def make_task(cfg: Config) -> Task:
         floor=0.0,
         tokens_per_step=B,
         model=lambda rngs: MLP(cfg.din, cfg.hidden, cfg.dout, rngs=rngs),
-        batch=lambda key: teacher.sample(key, B),
+        batch=lambda key, t: teacher.sample(key, B),
         loss=loss,
+    )
+
+
+def _own_task(cfg: Config) -> Task:
+    """The task of an experiment file's (or registered) model, loss and batch functions."""
+    ns = own.namespace(cfg.task_file)
+
+    def with_config(fn):
+        return (lambda key, t: fn(cfg, key, t)) if own.takes_config(fn) else fn
+
+    eval_fn = getattr(ns, "eval_batch", None)
+    tokens = getattr(ns, "TOKENS_PER_STEP", None)
+    return Task(
+        name="own",
+        floor=own.floor_of(ns),
+        tokens_per_step=int(tokens(cfg) if callable(tokens) else tokens or cfg.batch_size),
+        model=lambda rngs: ns.model(cfg, rngs),
+        batch=with_config(ns.batch),
+        loss=ns.loss,
+        eval=with_config(eval_fn) if eval_fn is not None else None,
     )
 
 
@@ -112,9 +137,10 @@ def init_model(task: Task, keys) -> nnx.Module:
 
 def train_batch(task: Task, keys, t) -> Any:
     """The batch of step t: the `data` stream only."""
-    return task.batch(jax.random.fold_in(jax.random.split(keys["data"])[0], t))
+    return task.batch(jax.random.fold_in(jax.random.split(keys["data"])[0], t), t)
 
 
 def eval_batch(task: Task, keys, i) -> Any:
     """Held-out batch i (disjoint from the training draws): the `data` stream only."""
-    return task.batch(jax.random.fold_in(jax.random.split(keys["data"])[1], i))
+    key = jax.random.fold_in(jax.random.split(keys["data"])[1], i)
+    return (task.eval or task.batch)(key, i)

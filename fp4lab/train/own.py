@@ -1,0 +1,183 @@
+"""Your own model, loss and data as a task: the contract, where a run finds it, what identifies it.
+
+An experiment file (or a namespace handed to `fp4lab.own`) brings three functions:
+
+    def model(config, rngs: nnx.Rngs) -> nnx.Module   the init stream seeds rngs (`rngs.params`)
+    def loss(model, batch) -> jax.Array               the mean loss of a batch (a scalar)
+    def batch(key, step) -> pytree                    the training batch of a step; key: the data
+                                                      stream folded with the step
+    def batch(config, key, step) -> pytree            ... the same, with the config first
+
+and may add
+
+    def eval_batch(key, i) -> pytree    held-out batch i (default: `batch` on held-out keys, which
+                                        are disjoint from the training draws); `config` first too
+    FLOOR = 0.0                         the known optimum of the loss (runs report loss_gap to it)
+    TOKENS_PER_STEP = 512               tokens (or examples) a step consumes, or a function of the
+                                        config (default: batch_size)
+    DATA_FILES = ("tokens.npy",)        files the code reads, relative to the file's folder
+
+The quant stream seeds the quantizer as in every run. All of it runs inside the compiled,
+vmapped training loop: the functions must be traceable by jax (no Python side effects per step).
+
+A Config names the task by `task="own"` and `task_file`: the experiment file's path, or
+"python:<hash>" for functions registered in this process (`register`, what `fp4lab.own` does).
+The path itself is not part of a run's id; the content hashes are (`hashes`): the file's
+source and each of its `DATA_FILES`, or the hash in a "python:" name (of the functions' code and
+their data, `fp4lab.own`). Editing the file or a data file makes its runs new runs.
+
+Only the standard library is imported here: the sweep's host side loads experiment files with it.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import inspect
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CONTRACT",
+    "OPTIONAL",
+    "OwnTaskError",
+    "adopt",
+    "check",
+    "defines_task",
+    "hashes",
+    "namespace",
+    "register",
+    "takes_config",
+    "floor_of",
+]
+
+CONTRACT = ("model", "loss", "batch")
+OPTIONAL = ("eval_batch", "FLOOR", "TOKENS_PER_STEP", "DATA_FILES")
+PYTHON = "python:"  # task_file prefix of functions registered in this process
+
+_NAMESPACES: dict[str, Any] = {}  # task_file -> its namespace (a module or an object)
+
+
+class OwnTaskError(ValueError):
+    """A user task that cannot run: which function or name is missing or wrong."""
+
+
+def defines_task(ns: Any) -> bool:
+    """Whether `ns` (a module) brings its own task: any of model, loss, batch defined."""
+    return any(callable(getattr(ns, name, None)) for name in CONTRACT)
+
+
+def check(ns: Any, where: str) -> None:
+    """Raises OwnTaskError naming what `ns` lacks or gets wrong of the contract."""
+    missing = [n for n in CONTRACT if not callable(getattr(ns, n, None))]
+    if missing:
+        raise OwnTaskError(
+            f"{where}: defines {', '.join(n for n in CONTRACT if n not in missing)} but not "
+            f"{', '.join(missing)}; a task of your own needs model(config, rngs), loss(model, "
+            "batch) and batch(key, step)"
+        )
+    eval_batch = getattr(ns, "eval_batch", None)
+    if eval_batch is not None and not callable(eval_batch):
+        raise OwnTaskError(f"{where}: eval_batch is {type(eval_batch).__name__}; need a function")
+    for name in ("FLOOR", "TOKENS_PER_STEP"):
+        value = getattr(ns, name, None)
+        if name == "TOKENS_PER_STEP" and callable(value):
+            continue
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise OwnTaskError(f"{where}: {name}={value!r}; need a number")
+    data_files(ns, where)
+
+
+def data_files(ns: Any, where: str) -> tuple[str, ...]:
+    files = getattr(ns, "DATA_FILES", ())
+    if isinstance(files, str) or not all(isinstance(f, str) for f in files):
+        raise OwnTaskError(f"{where}: DATA_FILES={files!r}; need a tuple of file names")
+    return tuple(files)
+
+
+def takes_config(fn) -> bool:
+    """Whether a batch function takes the config first (three parameters, not two)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3
+
+
+def floor_of(ns: Any) -> float:
+    value = getattr(ns, "FLOOR", None)
+    return math.nan if value is None else float(value)
+
+
+def register(task_file: str, ns: Any) -> None:
+    """Makes `ns` the task of configs whose `task_file` is `task_file`, in this process."""
+    check(ns, task_file)
+    _NAMESPACES[task_file] = ns
+
+
+def namespace(task_file: str) -> Any:
+    """The namespace of a config's `task_file`: registered in this process, else the file
+    loaded (once per process and content)."""
+    if task_file in _NAMESPACES:
+        return _NAMESPACES[task_file]
+    if task_file.startswith(PYTHON):
+        raise OwnTaskError(
+            f"task_file={task_file!r}: functions registered in another process; a task given as "
+            "Python functions runs in the process that defined it (use an experiment file for "
+            "worker processes and Ray)"
+        )
+    path = Path(task_file)
+    if not path.is_file():
+        raise OwnTaskError(f"task_file={task_file!r}: no such file")
+    key = _file_key(path)
+    if key not in _NAMESPACES:
+        spec = importlib.util.spec_from_file_location(f"fp4lab_own_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        check(module, str(path))
+        _NAMESPACES[key] = module
+    return _NAMESPACES[key]
+
+
+def adopt(path: str | Path, module: Any) -> None:
+    """Keeps `module`, the file at `path` as already loaded (by the experiment loader), as
+    that file's namespace in this process, so computing its cells does not run it again."""
+    check(module, str(path))
+    _NAMESPACES[_file_key(Path(path))] = module
+
+
+def _file_key(path: Path) -> str:
+    return f"{path.resolve()}@{hashlib.sha256(path.read_bytes()).hexdigest()}"
+
+
+def hashes(task_file: str) -> dict[str, str]:
+    """{name: sha256} of what a user task's numbers depend on besides its config: the file's
+    source ("task_file") and each of its DATA_FILES ("data:<name>"), read without running
+    the file (DATA_FILES must be a literal); or the hash a "python:" name carries.
+
+    Raises:
+      OSError: a file cannot be read.
+    """
+    if task_file.startswith(PYTHON):
+        return {"task_file": task_file[len(PYTHON) :]}
+    path = Path(task_file)
+    source = path.read_bytes()
+    out = {"task_file": hashlib.sha256(source).hexdigest()}
+    for name in _literal_data_files(source, task_file):
+        out[f"data:{name}"] = hashlib.sha256((path.parent / name).read_bytes()).hexdigest()
+    return out
+
+
+def _literal_data_files(source: bytes, where: str) -> tuple[str, ...]:
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == "DATA_FILES" for t in targets):
+            try:
+                files = ast.literal_eval(node.value)
+            except ValueError as e:
+                raise OwnTaskError(f"{where}: DATA_FILES must be a literal tuple of names") from e
+            return data_files(type("ns", (), {"DATA_FILES": files}), where)
+    return ()
