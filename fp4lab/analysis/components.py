@@ -93,7 +93,7 @@ def variance_components(
     *,
     method: str = "anova",
     level: float = 0.95,
-    draws: int = 4000,
+    draws: int = crossed.DRAWS,
     seed: int = 0,
 ) -> pd.DataFrame:
     """Variance components of the seed streams of a crossed design, one table row per
@@ -120,10 +120,12 @@ def variance_components(
       method: "anova" or "reml". level: coverage of each interval.
       draws: generalized pivotal draws. seed: their seed (same call, same intervals).
     Returns:
-      DataFrame: cell, component, variance, share, lo, hi (the variance's interval), share_lo,
-      share_hi, sd (sqrt variance), levels (fewest distinct seeds among the streams involved),
-      df (of its mean square), n (runs), note. A stream with one level gets one row, "not
-      varied"; streams that always move together are one component ("init=data=quant").
+      DataFrame: cell, component, variance, share, lo, hi (the variance's interval), lo_mcse,
+      hi_mcse (the Monte Carlo standard errors of its ends), share_lo, share_hi, share_mcse
+      (the larger of its ends'), sd (sqrt variance), levels (fewest distinct seeds among the
+      streams involved), df (of its mean square), n (runs), note. A stream with one level
+      gets one row, "not varied"; streams that always move together are one component
+      ("init=data=quant").
     """
     if method not in METHODS:
         raise ValueError(f"variance_components: method={method!r}; allowed: {METHODS}")
@@ -138,8 +140,8 @@ def variance_components(
         if not lay.factors:
             continue
         rows += [base | r for r in _cell_rows(y, lay, method, level, draws, seed)]
-    columns = ["cell", "component", "variance", "share", "lo", "hi", "share_lo", "share_hi"]
-    columns += ["sd", "levels", "df", "n", "note"]
+    columns = ["cell", "component", "variance", "share", "lo", "hi", "lo_mcse", "hi_mcse"]
+    columns += ["share_lo", "share_hi", "share_mcse", "sd", "levels", "df", "n", "note"]
     out = pd.DataFrame(rows, columns=columns)
     out.attrs = dict(outcome=outcome, method=method, level=level, interval="generalized")
     return out
@@ -147,6 +149,7 @@ def variance_components(
 
 def _empty(component: str, levels: int, note: str) -> dict:
     values = dict(variance=NAN, share=NAN, lo=NAN, hi=NAN, share_lo=NAN, share_hi=NAN, sd=NAN)
+    values |= dict(lo_mcse=NAN, hi_mcse=NAN, share_mcse=NAN)
     return dict(component=component, levels=levels, df=0, note=note) | values
 
 
@@ -169,16 +172,18 @@ def _cell_rows(y, lay, method, level, draws, seed) -> list[dict]:
         note = "" if lay.balanced else "unbalanced: no interval (method='reml' estimates)"
         if s in raw and raw[s] < 0:
             note = f"estimate {raw[s]:.3g} < 0, set to 0"
-        lo = hi = share_lo = share_hi = NAN
+        ends = share_ends = crossed.Ends(NAN, NAN, NAN, NAN)
         if levels < crossed.MIN_LEVELS:
             note = f"too few seeds ({levels} levels; need {crossed.MIN_LEVELS})"
         elif gci is not None:
-            lo, hi = crossed.quantiles(gci["variance"][s], level)
-            share_lo, share_hi = crossed.quantiles(gci["share"][s], level)
+            ends = crossed.quantile_ends(gci["variance"][s], level)
+            share_ends = crossed.quantile_ends(gci["share"][s], level)
         rows.append(
             dict(component=crossed.component_name(lay, s), variance=estimate[s])
-            | dict(share=estimate[s] / total if total > 0 else NAN, lo=lo, hi=hi)
-            | dict(share_lo=share_lo, share_hi=share_hi, sd=np.sqrt(estimate[s]))
+            | dict(share=estimate[s] / total if total > 0 else NAN, lo=ends.lo, hi=ends.hi)
+            | dict(lo_mcse=ends.lo_se, hi_mcse=ends.hi_se)
+            | dict(share_lo=share_ends.lo, share_hi=share_ends.hi)
+            | dict(share_mcse=max(share_ends.lo_se, share_ends.hi_se), sd=np.sqrt(estimate[s]))
             | dict(levels=levels, df=ms[s][1] if s in ms else 0, note=note)
         )
     return rows

@@ -21,7 +21,27 @@ quantiles of those draws. Why these: they use the exact chi-square law of each m
 they stay honest with 3-8 levels per stream where percentile bootstraps of variances are far
 too narrow; for one stream they reduce to the t-interval of the mean; and they give intervals
 for ratios (shares), as in gauge R&R studies (Burdick, Borror & Montgomery 2005, ch. 4).
-Coverage is checked by simulation in tests/analysis.
+Coverage of every printed interval is checked by simulation in tests/analysis.
+
+A stream's own variance and the shared term. With 2+ varying factors the full interaction (the
+residual) belongs to every factor at once: with one run per seed combination it cannot be told
+apart from run-to-run noise, and since runs are deterministic functions of their seeds it is a
+real interaction, not measurement noise, but one that no single stream owns. A factor's *own*
+variance is its main effect and its interactions short of the full one (with three streams:
+its main effect and its two-way interactions),
+
+    O_f = sum_{S containing f, S != full} s2_S;   re-draw variance V_f = O_f + s2_full,
+
+V_f being how far the outcome moves when only f's seed is re-drawn. O_f = 0 has an exact test
+(`own_test`): under it every mean square of a subset containing f has the expectation of the
+full interaction's, so their pooled mean square over MS_full is F-distributed. The design
+cannot say which stream the full interaction comes from, nor tell a stream apart from
+another that always moves with it (aliased seeds are one factor).
+
+Monte Carlo error. Interval ends are quantiles of draws; `quantile_ends` gives each end's
+Monte Carlo standard error from the order statistics around it (the binomial law of the
+count of draws below a quantile), so a reader and a verdict can see whether an end is
+converged.
 
 Unbalanced layouts (a failed run) have no exact mean squares: the mean then gets Owen's
 pigeonhole bootstrap (Owen 2007, Ann. Appl. Stat. 1:246; each stream's levels resampled
@@ -43,16 +63,27 @@ from fp4lab.schema import STREAMS
 
 __all__ = [
     "MIN_LEVELS",
+    "DRAWS",
+    "MC_SES",
+    "Ends",
+    "side_word",
     "Layout",
     "layout",
     "mean_squares",
     "gci_draws",
+    "gci_from_mean_squares",
+    "quantile_ends",
+    "own_subsets",
+    "own_test",
     "mean_interval",
     "finite_runs",
     "paired_layout",
 ]
 
 MIN_LEVELS = 3  # fewer levels of a stream: no interval
+DRAWS = 200_000  # default generalized draws: 5,000 beyond each end of a 95 % interval
+BOOTSTRAPS = 10_000  # at most this many pigeonhole resamples (each weighs every run)
+MC_SES = 3  # a word needs its deciding end this many Monte Carlo standard errors from 0
 ROUNDING = 1e-20  # a sum of squares below this fraction of the total is rounding: exactly 0
 NAN = float("nan")
 
@@ -169,31 +200,142 @@ def gci_draws(y: np.ndarray, lay: Layout, *, draws: int = 4000, seed: int = 0) -
         R_S = MS_S df_S / U_S,  U_S ~ chi2(df_S);   s2_S* = max(0, EMS inversion of R);
         share_S* = s2_S* / sum_T s2_T*;   mu* = ybar - Z sqrt(sum_S s2_S* / prod_{f in S} n_f).
 
+    A sum of components (a stream's own or re-draw variance) is the sum of the untruncated
+    draws ("raw"), truncated at 0 once: truncating each term first would put the sum above 0
+    in nearly every draw, and its interval would never reach a true 0.
+
     Args:
       y: outcomes in layout order. lay: a balanced Layout. draws: Monte Carlo size.
       seed: seed of numpy's PCG64 (the same call gives the same draws).
     Returns:
-      {"variance": {subset: (draws,)}, "share": {subset: (draws,)}, "mean": (draws,)}.
+      {"variance": {subset: (draws,)}, "raw": {subset: (draws,)} (untruncated),
+       "share": {subset: (draws,)}, "mean": (draws,)}.
     """
-    rng = np.random.default_rng(seed)
     ms = mean_squares(y, lay)
-    pivots = {s: m * d / rng.chisquare(d, draws) for s, (m, d) in ms.items()}
-    variance = {s: np.maximum(v, 0.0) for s, v in ems_components(pivots, lay).items()}
+    rng = np.random.default_rng(seed)
+    return gci_from_mean_squares(ms, lay, float(np.mean(y)), draws=draws, rng=rng)
+
+
+def gci_from_mean_squares(ms: dict, lay: Layout, mean, *, draws: int, rng) -> dict:
+    """`gci_draws` from the mean squares: {subset: (MS_S, df_S)} and the cell mean.
+
+    MS values and `mean` may be arrays of shape (B, 1) (B designs of one layout, as in the
+    coverage simulations); the draws then have shape (B, draws), independent per design.
+    """
+    shape = np.broadcast_shapes(np.shape(mean), (draws,))
+    pivots = {s: m * d / rng.chisquare(d, shape) for s, (m, d) in ms.items()}
+    raw = ems_components(pivots, lay)
+    variance = {s: np.maximum(v, 0.0) for s, v in raw.items()}
     total = sum(variance.values())
     with np.errstate(invalid="ignore", divide="ignore"):
         share = {s: v / total for s, v in variance.items()}
     var_mean = sum(v / np.prod([lay.levels[i] for i in s]) for s, v in variance.items())
-    mean = float(np.mean(y)) - rng.standard_normal(draws) * np.sqrt(var_mean)
-    return {"variance": variance, "share": share, "mean": mean}
+    mean = mean - rng.standard_normal(shape) * np.sqrt(var_mean)
+    return {"variance": variance, "raw": raw, "share": share, "mean": mean}
+
+
+def own_subsets(lay: Layout, index: int) -> list[tuple[int, ...]]:
+    """The components a factor owns: every subset containing it but the full interaction,
+    which all factors share (with one factor, the factor itself)."""
+    full = tuple(range(len(lay.factors)))
+    return [s for s in components(lay) if index in s and (s != full or len(full) == 1)]
+
+
+class OwnTest(NamedTuple):
+    """F-test of a factor's own variance: F, its degrees of freedom, and the p-value."""
+
+    f: float
+    df1: int
+    df2: int
+    p: float
+
+
+def own_test(ms: dict, lay: Layout, index: int) -> OwnTest | None:
+    """Exact test of O_f = 0, a factor's own variance (see the module docstring).
+
+        F = [sum_{S in own(f)} SS_S / sum df_S] / MS_full  ~  F(sum df_S, df_full) under O_f = 0
+
+    (each SS_S / E[MS_S] is an independent chi-square, and under O_f = 0 every E[MS_S] of a
+    subset containing f equals E[MS_full]). A mean square of exactly 0 (runs that do not move
+    at all) gives p = 1 for a zero numerator and p = 0 for a zero denominator: runs are
+    deterministic, so an exact 0 is no sample.
+
+    Args:
+      ms: `mean_squares` of a balanced layout. lay: the Layout. index: the factor.
+    Returns:
+      OwnTest, or None with a single factor (there is no shared term to test against).
+    """
+    full = tuple(range(len(lay.factors)))
+    if len(full) < 2:
+        return None
+    own = own_subsets(lay, index)
+    ss = sum(ms[s][0] * ms[s][1] for s in own)
+    df1 = sum(ms[s][1] for s in own)
+    ms_full, df2 = ms[full]
+    if ss == 0:
+        return OwnTest(0.0, df1, df2, 1.0)
+    if ms_full == 0:
+        return OwnTest(float("inf"), df1, df2, 0.0)
+    f = (ss / df1) / ms_full
+    return OwnTest(float(f), df1, df2, float(scipy_stats.f.sf(f, df1, df2)))
 
 
 def quantiles(draws: np.ndarray, level: float) -> tuple[float, float]:
     """The (1-level)/2 and (1+level)/2 quantiles of generalized pivotal draws."""
+    ends = quantile_ends(draws, level)
+    return float(ends.lo), float(ends.hi)
+
+
+class Ends(NamedTuple):
+    """An interval's ends from draws and the Monte Carlo standard error of each end."""
+
+    lo: float | np.ndarray
+    hi: float | np.ndarray
+    lo_se: float | np.ndarray
+    hi_se: float | np.ndarray
+
+
+def quantile_ends(draws: np.ndarray, level: float) -> Ends:
+    """The (1-level)/2 and (1+level)/2 quantiles of draws (NaN draws left out; all NaN: NaN)
+    and their Monte Carlo standard errors.
+
+    The ends interpolate linearly between order statistics (numpy's default quantile). The
+    standard error of the p-quantile of n draws: the number of draws below it is
+    binomial(n, p), so the order statistics at ranks p(n-1) -+ sqrt(n p (1-p)) bracket it by
+    about one standard error each way, and se = (x_(upper) - x_(lower)) / 2 (Maritz & Jarrett
+    1978 without the Beta weights; distribution-free, no density estimate needed).
+
+    Args:
+      draws: (..., n) draws; leading axes are independent sets. level: central coverage.
+    Returns:
+      Ends(lo, hi, lo_se, hi_se): floats for 1-D draws, else arrays of the leading shape.
+    """
+    x = np.sort(np.asarray(draws, np.float64), axis=-1)  # NaN sort last
+    n = np.sum(~np.isnan(x), axis=-1, keepdims=True)
+    last = np.maximum(n - 1, 0)
+
+    def order(rank):
+        rank = np.clip(rank, 0, last)
+        below = np.floor(rank).astype(np.int64)
+        above = np.minimum(below + 1, last)
+        frac = rank - below
+        x_lo = np.take_along_axis(x, below, axis=-1)
+        x_hi = np.take_along_axis(x, above, axis=-1)
+        return np.where(frac > 0, x_lo + frac * (x_hi - x_lo), x_lo)
+
+    def end(p):
+        rank = p * last
+        spread = np.sqrt(n * p * (1 - p))
+        se = (order(np.ceil(rank + spread)) - order(np.floor(rank - spread))) / 2
+        value = order(rank)
+        empty = n == 0
+        return np.where(empty, NAN, value)[..., 0], np.where(empty, NAN, se)[..., 0]
+
     alpha = (1 - level) / 2
-    if np.all(np.isnan(draws)):  # e.g. shares of an outcome that never varies
-        return NAN, NAN
-    lo, hi = np.nanquantile(draws, [alpha, 1 - alpha])
-    return float(lo), float(hi)
+    (lo, lo_se), (hi, hi_se) = end(alpha), end(1 - alpha)
+    if np.ndim(lo) == 0:
+        return Ends(float(lo), float(hi), float(lo_se), float(hi_se))
+    return Ends(lo, hi, lo_se, hi_se)
 
 
 class MeanInterval(NamedTuple):
@@ -203,10 +345,12 @@ class MeanInterval(NamedTuple):
     lo: float
     hi: float
     method: str
+    lo_se: float = 0.0  # Monte Carlo standard error of each end (0: a closed-form interval)
+    hi_se: float = 0.0
 
 
 def mean_interval(
-    y: np.ndarray, lay: Layout, *, level: float = 0.95, draws: int = 4000, seed: int = 0
+    y: np.ndarray, lay: Layout, *, level: float = 0.95, draws: int = DRAWS, seed: int = 0
 ) -> MeanInterval:
     """Interval of the mean of y over a crossed layout, seed levels as random effects.
 
@@ -216,30 +360,47 @@ def mean_interval(
 
     Args:
       y: outcomes in layout order. lay: its Layout. level: coverage. draws: Monte Carlo size
-        (generalized draws or bootstrap resamples). seed: the Monte Carlo seed.
+        (generalized draws, or bootstrap resamples up to `BOOTSTRAPS`). seed: its seed.
     Returns:
-      MeanInterval(mean, lo, hi, method): method "generalized", "t", "pigeonhole", or
-      "too few seeds (...)".
+      MeanInterval(mean, lo, hi, method, lo_se, hi_se): method "generalized", "t",
+      "pigeonhole", or "too few seeds (...)"; lo_se, hi_se the Monte Carlo standard errors of
+      the ends (0 for the t-interval; NaN without an interval).
     """
     y = np.asarray(y, np.float64)
     estimate = float(np.mean(y)) if y.size else NAN
     fewest = min(lay.levels, default=1)
     if fewest < MIN_LEVELS:
-        return MeanInterval(estimate, NAN, NAN, f"too few seeds ({fewest} level(s); need 3)")
+        why = f"too few seeds ({fewest} level(s); need 3)"
+        return MeanInterval(estimate, NAN, NAN, why, NAN, NAN)
     if len(lay.factors) == 1 and lay.balanced:
         half = scipy_stats.t.ppf(0.5 + level / 2, y.size - 1) * y.std(ddof=1) / np.sqrt(y.size)
         return MeanInterval(estimate, estimate - half, estimate + half, "t")
     if lay.balanced:
-        lo, hi = quantiles(gci_draws(y, lay, draws=draws, seed=seed)["mean"], level)
-        return MeanInterval(estimate, lo, hi, "generalized")
+        ends = quantile_ends(gci_draws(y, lay, draws=draws, seed=seed)["mean"], level)
+        return MeanInterval(estimate, ends.lo, ends.hi, "generalized", ends.lo_se, ends.hi_se)
     rng = np.random.default_rng(seed)
+    draws = min(draws, BOOTSTRAPS)
     weight = np.ones((draws, y.size))
     for code, n in zip(lay.codes, lay.levels, strict=True):
         weight *= rng.multinomial(n, np.full(n, 1 / n), size=draws)[:, code]
     with np.errstate(invalid="ignore", divide="ignore"):
         boots = (weight * y).sum(1) / weight.sum(1)
     half = scipy_stats.t.ppf(0.5 + level / 2, fewest - 1) * np.nanstd(boots, ddof=1)
-    return MeanInterval(estimate, estimate - half, estimate + half, "pigeonhole")
+    se = half / np.sqrt(2 * (np.sum(np.isfinite(boots)) - 1))  # of a standard deviation
+    return MeanInterval(estimate, estimate - half, estimate + half, "pigeonhole", se, se)
+
+
+def side_word(lo: float, hi: float, lo_se: float = 0.0, hi_se: float = 0.0) -> str:
+    """The word of an interval of a difference: "higher" / "lower" when it excludes 0, "no
+    evidence" when it contains 0, each only when the deciding end is more than `MC_SES`
+    Monte Carlo standard errors (`quantile_ends`) from 0; else "undecided" (more draws decide)."""
+    if lo > MC_SES * lo_se:
+        return "higher"
+    if hi < -MC_SES * hi_se:
+        return "lower"
+    if lo < -MC_SES * lo_se and hi > MC_SES * hi_se:
+        return "no evidence"
+    return "undecided"
 
 
 def paired_layout(a: pd.DataFrame, b: pd.DataFrame, outcome: str, streams: Sequence[str]):

@@ -80,7 +80,7 @@ def loss_gap(
     outcome: str = "loss_gap",
     streams: Sequence[str] = STREAMS,
     level: float = 0.95,
-    draws: int = 4000,
+    draws: int = crossed.DRAWS,
     seed: int = 0,
 ) -> pd.DataFrame:
     """Gap of the final loss to the task's optimum per group, with an interval over seeds.
@@ -101,6 +101,7 @@ def loss_gap(
       streams: the seed streams. level: coverage. draws, seed: Monte Carlo size and seed.
     Returns:
       DataFrame with the `by` columns and n, failed, nonfinite, floor, gap, gap_lo, gap_hi,
+      gap_mcse (the larger Monte Carlo standard error of the two ends),
       levels (fewest seed levels of a varying stream), method.
     """
     rows = []
@@ -116,6 +117,7 @@ def loss_gap(
             key
             | dict(n=len(ok), failed=len(g) - len(ok), nonfinite=int((~np.isfinite(y)).sum()))
             | dict(floor=ok["loss_floor"].median(), gap=ci.estimate, gap_lo=ci.lo, gap_hi=ci.hi)
+            | dict(gap_mcse=max(ci.lo_se, ci.hi_se))
             | dict(levels=min(lay.levels, default=1), method=ci.method)
         )
     return pd.DataFrame(rows)
@@ -129,7 +131,7 @@ def paired_difference(
     by: str = "cell",
     streams: Sequence[str] = STREAMS,
     level: float = 0.95,
-    draws: int = 4000,
+    draws: int = crossed.DRAWS,
     seed: int = 0,
 ) -> pd.DataFrame:
     """Each group's mean outcome minus the baseline group's, paired on the seeds they share.
@@ -149,9 +151,11 @@ def paired_difference(
       outcome: the column compared. by: the grouping column. streams: the seed streams.
       level: coverage. draws, seed: Monte Carlo size and seed.
     Returns:
-      DataFrame with `by`, pairs, diff, diff_lo, diff_hi, and `verdict`: "higher" or "lower"
-      when the interval excludes 0, "no evidence" when it contains 0 (an effect may still be
-      there), "too few seeds" (fewer than 3 levels of a paired stream, or nothing to pair
+      DataFrame with `by`, pairs, diff, diff_lo, diff_hi, diff_mcse (the larger Monte Carlo
+      standard error of the two ends), and `verdict`: "higher" or "lower" when the interval
+      excludes 0, "no evidence" when it contains 0 (an effect may still be there), each only
+      with the deciding end `crossed.MC_SES` standard errors clear of 0 (else "undecided"),
+      "too few seeds" (fewer than 3 levels of a paired stream, or nothing to pair
       on), "baseline" for the baseline itself.
     """
     groups = {key[by]: g for key, g in _groups(runs, (by,))}
@@ -162,6 +166,7 @@ def paired_difference(
         d, lay = crossed.paired_layout(groups[baseline], g, outcome, streams)
         if d is None:
             rows.append({by: name} | dict(pairs=0, diff=NAN, diff_lo=NAN, diff_hi=NAN))
+            rows[-1]["diff_mcse"] = NAN
             rows[-1]["verdict"] = "too few seeds"
             continue
         ci = crossed.mean_interval(d, lay, level=level, draws=draws, seed=seed)
@@ -170,10 +175,11 @@ def paired_difference(
         elif not (np.isfinite(ci.lo) and np.isfinite(ci.hi)):
             verdict = "too few seeds"
         else:
-            verdict = "higher" if ci.lo > 0 else "lower" if ci.hi < 0 else "no evidence"
+            verdict = crossed.side_word(ci.lo, ci.hi, ci.lo_se, ci.hi_se)
         rows.append(
             {by: name}
-            | dict(pairs=len(d), diff=ci.estimate, diff_lo=ci.lo, diff_hi=ci.hi, verdict=verdict)
+            | dict(pairs=len(d), diff=ci.estimate, diff_lo=ci.lo, diff_hi=ci.hi)
+            | dict(diff_mcse=max(ci.lo_se, ci.hi_se), verdict=verdict)
         )
     return pd.DataFrame(rows)
 

@@ -9,13 +9,29 @@ deviation each seed stream induces? `verdict` answers it in one table.
                   the outcome, seeds as crossed random effects (`crossed.mean_interval`); the
                   row's factor names the design choice the two cells differ in: recipe,
                   layer rules, GEMM overrides, backward, phases (or several, joined by " + ")
-    random rows   per cell, each stream: the SD it induces with the other streams held fixed,
-                  its interactions included (`components.stream_totals`), and its share
+    random rows   per cell, each stream: its *own* SD (its main effect and its interactions
+                  short of the full one, which all streams share), judged by an exact F-test;
+                  beside it the re-draw SD (own + shared: how far the outcome moves when only
+                  this stream's seed is re-drawn), as a description, not a test
 
 Multiple comparisons: every row that gets an interval is one comparison of a family; the
 intervals are Bonferroni intervals at level 1 - (1 - level)/m, so that all of them hold
 together with probability `level`. Bonferroni rather than Holm because Holm adjusts p-values
-and gives no intervals; the verdict word is read off the interval itself.
+and gives no intervals; the verdict word is read off the interval itself (a fixed row) or the
+F-test at the same level (a stream row).
+
+What the design can separate (see `crossed`): with one run per seed triple the three-way
+interaction is the residual; runs are deterministic functions of their seeds, so it is a real
+interaction of the three streams, not measurement noise, but no stream owns it. A stream
+"matters" only through what it owns: a stream that acts on the outcome only through that
+shared term, or not at all, reads "no evidence". Streams whose seeds always move together are
+one factor, and which of them acts cannot be said.
+
+Monte Carlo error: interval ends from generalized draws carry a Monte Carlo standard error
+(`lo_mcse`, `hi_mcse`; `redraw_mcse`, `share_mcse` the larger of their two ends'). A fixed
+row's word needs the deciding end more than `crossed.MC_SES` standard errors from 0; otherwise it is
+"undecided" (more draws decide it). The default `draws` leaves every end of the committed
+studies converged to well under a percent of its interval's width.
 """
 
 from __future__ import annotations
@@ -39,8 +55,10 @@ DESIGN = {
     "backward": "backward",
     "phases": "phases",
 }
-COLUMNS = ["factor", "kind", "term", "verdict", "effect", "lo", "hi", "share", "share_lo"]
-COLUMNS += ["share_hi", "levels", "in_seed_sd", "evidence"]
+COLUMNS = ["factor", "kind", "term", "verdict", "effect", "lo", "hi", "lo_mcse", "hi_mcse", "p"]
+COLUMNS += ["redraw_sd", "redraw_lo", "redraw_hi", "redraw_mcse", "share", "share_lo", "share_hi"]
+COLUMNS += ["share_mcse", "levels", "in_seed_sd", "evidence"]
+DRAWS = 1_000_000  # generalized draws per cell: ~500 beyond each end at 1 - 0.05/50
 
 
 def _ci(x: float, lo: float, hi: float) -> str:
@@ -55,7 +73,7 @@ def verdict(
     streams: Sequence[str] = STREAMS,
     baseline: str | None = None,
     level: float = 0.95,
-    draws: int = 4000,
+    draws: int = DRAWS,
     seed: int = 0,
 ) -> pd.DataFrame:
     """One table: which precision choices and which seed streams the outcome depends on.
@@ -63,19 +81,23 @@ def verdict(
     Fixed rows (factor = `by`, term "B - A"): the mean of the paired differences (see
     `crossed.paired_layout`), its interval from the crossed layout of the shared seeds (generalized
     interval; the t-interval for one stream), verdict "higher" / "lower" when the interval
-    excludes 0, else "no evidence". `in_seed_sd` = |effect| / the SD of one run's outcome
-    over all its seeds (root mean of the two cells' total seed variances): the answer to the
-    question, in numbers.
-    Random rows (factor = the stream, term = the cell): effect = sqrt(V_f), the SD a stream
-    induces with the other streams fixed, V_f = its component plus every interaction it is in
-    (a run is a deterministic function of its seeds, so the residual is the full interaction
-    and enters each stream's V_f); share = V_f / total seed variance (shares of different
-    streams overlap by their shared interactions). Verdict "matters" when the lower end of
-    the SD interval is above 0, else "no evidence" (with the interval [0, 0] and "no effect
-    at all" when the runs are identical across the stream's seeds: bf16 under quant seeds).
-    Including the residual in V_f relies on runs being deterministic functions of their seeds
-    (they are: tests/train checks it bit for bit); otherwise run-to-run noise would count
-    for every stream.
+    excludes 0 by more than `crossed.MC_SES` Monte Carlo standard errors of the deciding end, "no
+    evidence" when it contains 0 by as much, else "undecided". `in_seed_sd` = |effect| / the
+    SD of one run's outcome over all its seeds (root mean of the two cells' total seed
+    variances): the answer to the question, in numbers.
+    Random rows (factor = the stream, term = the cell): effect = sqrt(O_f), the stream's own
+    SD, O_f = its main effect and its interactions short of the full one (`crossed.own_subsets`;
+    with a single varying factor, all of its variance); lo, hi its generalized interval;
+    p the exact F-test of O_f = 0 (`crossed.own_test`); share = O_f / total seed variance.
+    redraw_sd = sqrt(O_f + s2_full) with its interval: how far the outcome moves when only
+    this stream's seed is re-drawn (a description; streams share s2_full). Verdict "matters"
+    when the F-test rejects at the row level (p < 1 - row level) and the interval's lower end
+    is above 0 by `crossed.MC_SES` Monte Carlo standard errors; "no evidence" when neither
+    (the test does not reject and the interval reaches 0); "undecided" when they disagree or
+    the end is within its Monte Carlo error of 0. A "matters" thus has the exact test's error
+    rate at most, and no printed interval contradicts a word. With a single factor there is
+    no test: the interval decides. "no effect at all" when the runs are identical across the
+    stream's seeds (bf16 under quant seeds).
     Never judged: "not varied" (one level), "too few seeds" (fewer than 3 levels of a stream
     involved: no interval, never a share), "unbalanced" (a stream's interval needs every seed
     combination once), "no shared seeds" (a contrast with nothing to pair on).
@@ -92,8 +114,9 @@ def verdict(
     Returns:
       DataFrame with columns factor (fixed rows: the design choice, see `design_factor`; `by`
       when the cells differ in none; random rows: the stream), kind ("fixed"/"random"), term,
-      verdict, effect, lo, hi,
-      share, share_lo, share_hi, levels (fewest seed levels involved), in_seed_sd, evidence.
+      verdict, effect, lo, hi, lo_mcse, hi_mcse, p, redraw_sd, redraw_lo, redraw_hi,
+      redraw_mcse, share, share_lo, share_hi, share_mcse, levels (fewest seed levels
+      involved), in_seed_sd, evidence.
       attrs: outcome, level, comparisons (m), row_level, correction.
     """
     cells = {c: g for c, g in runs.groupby(by, sort=False)}
@@ -145,18 +168,12 @@ def design_factor(a: pd.DataFrame, b: pd.DataFrame) -> str:
 
 
 def _stream_rows(cell, y, lay, gci, streams) -> list[dict]:
-    """One pending row per stream of a cell (draws of V_f and of its share, or a reason)."""
+    """One pending row per stream of a cell (the layout and draws it is judged on, or why not)."""
     rows, named = [], {}
     for i, name in enumerate(lay.factors):
         for stream in name.split("="):
             named[stream] = (i, name)
     done = set()
-    totals = share = None
-    if gci is not None:
-        totals = components.stream_totals(gci["variance"], lay)
-        total = sum(gci["variance"].values())
-        with np.errstate(invalid="ignore", divide="ignore"):
-            share = {k: v / total for k, v in totals.items()}
     for stream in streams:
         base = dict(factor=stream, kind="random", term=cell, draws=None)
         if stream not in named:
@@ -174,44 +191,68 @@ def _stream_rows(cell, y, lay, gci, streams) -> list[dict]:
         elif gci is None:
             rows.append(base | dict(reason="unbalanced", why="not every seed combination ran"))
         else:
-            zero = bool(np.all(totals[name] == 0))
-            rows.append(base | dict(draws=(totals[name], share[name]), zero=zero))
-            rows[-1]["y"], rows[-1]["lay"], rows[-1]["index"] = y, lay, i
+            rows.append(base | dict(draws=gci, y=y, lay=lay, index=i))
     return rows
 
 
 def _random_row(r: dict, row_level: float) -> dict:
     out = {k: r.get(k, NAN) for k in ("factor", "kind", "term", "levels")}
-    out |= dict(effect=NAN, lo=NAN, hi=NAN, share=NAN, share_lo=NAN, share_hi=NAN)
-    out |= dict(in_seed_sd=NAN)
+    out |= {c: NAN for c in COLUMNS if c not in out and c not in ("verdict", "evidence")}
     if r["draws"] is None:
         return out | dict(verdict=r["reason"], evidence=r["why"])
-    total_draws, share_draws = r["draws"]
-    lay, y = r["lay"], r["y"]
-    ms = crossed.mean_squares(y, lay)
+    lay, gci = r["lay"], r["draws"]
+    own_set = crossed.own_subsets(lay, r["index"])
+    shared = [s for s in crossed.components(lay) if s not in own_set and r["index"] in s]
+    ms = crossed.mean_squares(r["y"], lay)
     raw = crossed.ems_components({s: m for s, (m, _) in ms.items()}, lay)
-    variance = {s: max(v, 0.0) for s, v in raw.items()}
-    v_f = sum(v for s, v in variance.items() if r["index"] in s)
-    total = sum(variance.values())
-    lo, hi = crossed.quantiles(total_draws, row_level)
-    share_lo, share_hi = crossed.quantiles(share_draws, row_level)
-    out |= dict(effect=np.sqrt(v_f), lo=np.sqrt(lo), hi=np.sqrt(hi))
-    out |= dict(share=v_f / total if total > 0 else NAN, share_lo=share_lo, share_hi=share_hi)
-    if r["zero"]:
+    own = max(sum(raw[s] for s in own_set), 0.0)  # sums truncated once, as the draws are
+    redraw = max(sum(raw[s] for s in own_set + shared), 0.0)
+    total = sum(max(v, 0.0) for v in raw.values())
+    own_draws = sum(gci["raw"][s] for s in own_set)  # truncated once, as a sum
+    redraw_draws = np.maximum(own_draws + sum(gci["raw"][s] for s in shared), 0.0)
+    own_draws = np.maximum(own_draws, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share_draws = own_draws / sum(gci["variance"].values())
+    sd, rd, sh = (
+        crossed.quantile_ends(x, row_level)
+        for x in (np.sqrt(own_draws), np.sqrt(redraw_draws), share_draws)
+    )
+    out |= dict(effect=np.sqrt(own), lo=sd.lo, hi=sd.hi, lo_mcse=sd.lo_se, hi_mcse=sd.hi_se)
+    out |= dict(redraw_sd=np.sqrt(redraw), redraw_lo=rd.lo, redraw_hi=rd.hi)
+    out |= dict(redraw_mcse=max(rd.lo_se, rd.hi_se), share=own / total if total > 0 else NAN)
+    out |= dict(share_lo=sh.lo, share_hi=sh.hi, share_mcse=max(sh.lo_se, sh.hi_se))
+    if redraw == 0 and not np.any(redraw_draws > 0):
+        out |= dict(p=1.0)
         return out | dict(
             verdict="no evidence", evidence="no effect at all: runs identical across its seeds"
         )
-    text = f"SD {_ci(out['effect'], out['lo'], out['hi'])}, "
-    text += f"share {_ci(out['share'], share_lo, share_hi)}"
-    if out["lo"] > 0:
+    test = crossed.own_test(ms, lay, r["index"])
+    text = f"own SD {_ci(out['effect'], sd.lo, sd.hi)}"
+    interval_yes = sd.lo > crossed.MC_SES * sd.lo_se
+    interval_no = sd.lo <= 0
+    if test is None:  # a single factor: no shared term, its variance is all its own
+        test_yes = None
+    else:
+        out["p"] = test.p
+        text += f", F({test.df1}, {test.df2}) = {test.f:.3g}, p = {test.p:.2g}"
+        test_yes = test.p < 1 - row_level
+    text += f"; re-draw SD {_ci(out['redraw_sd'], rd.lo, rd.hi)}"
+    text += f"; own share {_ci(out['share'], sh.lo, sh.hi)}"
+    if interval_yes and test_yes is not False:
         return out | dict(verdict="matters", evidence=text)
-    missed = f"; an SD up to {out['hi']:.3g} could be missed"
-    return out | dict(verdict="no evidence", evidence=text + missed)
+    if interval_no and not test_yes:
+        missed = f"; an own SD up to {sd.hi:.3g} could be missed"
+        return out | dict(verdict="no evidence", evidence=text + missed)
+    if interval_yes or interval_no:
+        why = "the exact test and the interval disagree: more seeds decide it"
+    else:
+        why = "the interval's lower end is within its Monte Carlo error of 0: more draws decide it"
+    return out | dict(verdict="undecided", evidence=f"{text}; {why}")
 
 
 def _fixed_row(r: dict, seed_var: dict, row_level: float, draws: int, seed: int) -> dict:
-    out = dict(factor=r["factor"], kind="fixed", term=r["term"], share=NAN, share_lo=NAN)
-    out |= dict(share_hi=NAN, effect=NAN, lo=NAN, hi=NAN, in_seed_sd=NAN, levels=0)
+    out = {c: NAN for c in COLUMNS} | dict(factor=r["factor"], kind="fixed", term=r["term"])
+    out |= dict(levels=0)
     if r["lay"] is None:
         return out | dict(verdict="no shared seeds", evidence="nothing to pair on")
     d, lay = r["d"], r["lay"]
@@ -222,11 +263,16 @@ def _fixed_row(r: dict, seed_var: dict, row_level: float, draws: int, seed: int)
     out |= dict(effect=interval.estimate, in_seed_sd=abs(interval.estimate) / sd if sd > 0 else NAN)
     if fewest < crossed.MIN_LEVELS:
         return out | dict(verdict="too few seeds", evidence=interval.method)
-    out |= dict(lo=interval.lo, hi=interval.hi)
+    out |= dict(lo=interval.lo, hi=interval.hi, lo_mcse=interval.lo_se, hi_mcse=interval.hi_se)
     text = f"{_ci(interval.estimate, interval.lo, interval.hi)} ({interval.method}, "
     text += f"{len(d)} pairs over {'x'.join(map(str, lay.levels))} seeds)"
-    if interval.lo > 0 or interval.hi < 0:
-        word = "higher" if interval.lo > 0 else "lower"
+    word = crossed.side_word(interval.lo, interval.hi, interval.lo_se, interval.hi_se)
+    if word in ("higher", "lower"):
         return out | dict(verdict=word, evidence=f"{text}; {out['in_seed_sd']:.2g} seed SDs")
+    if word == "undecided":
+        near = (
+            f"an end within {crossed.MC_SES} Monte Carlo standard errors of 0: more draws decide it"
+        )
+        return out | dict(verdict=word, evidence=f"{text}; {near}")
     missed = max(abs(interval.lo), abs(interval.hi))
     return out | dict(verdict="no evidence", evidence=f"{text}; up to {missed:.3g} could be missed")

@@ -85,7 +85,7 @@ def test_one_quant_seed_is_not_varied_and_cells_pair_on_what_they_share():
 def test_paired_difference_pairs_on_shared_streams():
     runs = pd.concat([cell("base", rng=8), cell("worse", offset=0.01, rng=8)])
     table = analysis.paired_difference(runs, "base").set_index("cell")
-    assert list(table.columns) == ["pairs", "diff", "diff_lo", "diff_hi", "verdict"]
+    assert list(table.columns) == ["pairs", "diff", "diff_lo", "diff_hi", "diff_mcse", "verdict"]
     worse = table.loc["worse"]  # the same seed effects in both cells: they cancel exactly
     assert worse["pairs"] == 125 and worse["diff"] == pytest.approx(0.01)
     assert worse["verdict"] == "higher" and worse["diff_hi"] - worse["diff_lo"] < 1e-9
