@@ -61,6 +61,9 @@ __all__ = [
     "check_number",
     "check_fields",
     "did_you_mean",
+    "RUNS_COLUMNS",
+    "RUNS_CONFIG",
+    "METRICS_COLUMNS",
 ]
 
 STREAMS = ("init", "data", "quant")
@@ -214,3 +217,56 @@ def check_number(
         bad = bad or (value >= high if high_open else value > high)
     if bad:
         raise error(f"{owner}.{field}={value!r}; allowed: {allowed}")
+
+
+# The two tables of a results folder (`fp4lab.load(folder)`, `fp4lab.own.sweep`), documented in
+# docs/schema.md: column -> (type, meaning, what fills it). The runs table also has one column
+# per Config field (task, recipe, steps, ...: `RUNS_CONFIG`).
+_LOAD = "fp4lab.load(folder).runs"
+_SUMMARY = "fp4lab.train.summary.summarize, in fp4lab.load(folder).runs"
+RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
+    "run_id": ("str", "the run's id (hash of config, seeds, data, numerics)", _LOAD),
+    "experiment": ("str", "the experiment's name", _LOAD),
+    "cell": ("str", "the cell's label in the experiment file", _LOAD),
+    "status": ("str", '"ok" or "failed"', _LOAD),
+    **{
+        c: ("int", f"the {s} stream's seed", _LOAD)
+        for s, c in zip(STREAMS, SEED_COLUMNS, strict=True)
+    },
+    "final_loss": (
+        "float",
+        "held-out loss under the run's recipe (else last 10 % train)",
+        _SUMMARY,
+    ),
+    "final_train_loss": ("float", "mean train loss of the last 10 % of steps", _SUMMARY),
+    "eval_loss": ("float", "held-out loss under the run's recipe (NaN: none)", _SUMMARY),
+    "loss_floor": ("float", "the task's optimum (NaN: unknown)", _SUMMARY),
+    "loss_gap": ("float", "final_loss - loss_floor", _SUMMARY),
+    "eval_hp": ("float", "held-out loss of the same weights, high-precision forward", _SUMMARY),
+    "loss_gap_hp": ("float", "eval_hp - loss_floor", _SUMMARY),
+    "measure": ("str", 'the forward final_loss is measured under ("recipe")', _SUMMARY),
+    "diverged": ("bool", "the run met a non-finite loss or a loss spike", _SUMMARY),
+    "divergence_step": ("float", "the step of its first divergence (NaN: none)", _SUMMARY),
+    "divergence_kind": ("str", '"", "nonfinite" or "spike"', _SUMMARY),
+    "target_loss": ("float", "the tokens-to-target threshold (NaN: none)", _SUMMARY),
+    "tokens_to_target": (
+        "float",
+        "tokens until the smoothed loss reached it (NaN: never)",
+        _SUMMARY,
+    ),
+    "tokens_per_step": ("int", "tokens (or examples) per step", _SUMMARY),
+    "compile_s": ("float", "the cell's compile seconds (0: cached)", _SUMMARY),
+    "wall_s": ("float", "seconds of the run (its share of a vmapped call)", _LOAD),
+}
+RUNS_CONFIG = ("a Config field", "the run's config", _LOAD)
+_METRICS = "fp4lab.load(folder).metrics"
+METRICS_COLUMNS: dict[str, tuple[str, str, str]] = {
+    "run_id": ("str", "the run's id (a runs table row)", _METRICS),
+    "step": ("int", "the optimizer step (0-based)", _METRICS),
+    "metric": (
+        "str",
+        "loss, grad_norm, loss_scale or a telemetry key (quant/..., grad/...)",
+        _METRICS,
+    ),
+    "value": ("float", "the metric's value at that step", _METRICS),
+}

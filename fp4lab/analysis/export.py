@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fp4lab.analysis.columns import require, require_tables
 from fp4lab.analysis.labels import cell_label
 from fp4lab.schema import SEED_COLUMNS, STREAMS
 
@@ -78,6 +79,7 @@ def run_folders(runs: pd.DataFrame, labels: Mapping[str, str] | None = None) -> 
       One distinct folder per run, in the table's order; where two runs would share one (two
       cells with the same name in words), the second gets its run id appended.
     """
+    require(runs, ("run_id", "cell", *SEED_COLUMNS), "run_folders")
     folders: dict[str, str] = {}
     taken: set[str] = set()
     for row in runs.to_dict("records"):
@@ -103,6 +105,7 @@ def tensorboard(results, logdir, *, labels: Mapping[str, str] | None = None) -> 
     Raises:
       TensorBoardNotInstalled: tensorboardX cannot be imported here.
     """
+    require_tables("tensorboard", metrics=results.metrics, runs=results.runs, needs=("run_id",))
     summary_writer = _summary_writer()
     logdir = Path(logdir)
     metrics = results.metrics.sort_values(["run_id", "step", "metric"], kind="stable")

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from fp4lab.analysis.columns import require
 from fp4lab.analysis.frames import IDENTITY, SEEDS, SUMMARIES, ok_runs
 from fp4lab.analysis.intervals import percentile_interval
 
@@ -93,6 +94,7 @@ def variance_decomposition(
       excluded (ok runs with a non-finite outcome), failed, df_res, sst, seeds (fewest distinct
       seed triples in any combination of the design factors).
     """
+    require(runs, ("status", outcome, *(factors or ())), "variance_decomposition")
     ok = ok_runs(runs)
     y = ok[outcome].astype(np.float64).to_numpy()
     data, y = ok[np.isfinite(y)], y[np.isfinite(y)]

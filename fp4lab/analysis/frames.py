@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from fp4lab.analysis.columns import require
 from fp4lab.schema import SEED_COLUMNS, parse_key
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 SEEDS = SEED_COLUMNS  # seed_init, seed_data, seed_quant
+METRICS = ("run_id", "step", "metric", "value")
 IDENTITY = ("run_id", "experiment", "cell", "status")
 SUMMARIES = (
     "final_loss",
@@ -57,6 +59,7 @@ SUMMARIES = (
 
 def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs that finished (status "ok"): the only ones that give outcomes."""
+    require(runs, ("status",), "ok_runs")
     return runs[runs["status"] == "ok"]
 
 
@@ -83,11 +86,13 @@ def to_frame(metrics: dict, step=None) -> pd.DataFrame:
 
 def scalar_metric(metrics: pd.DataFrame, name: str) -> pd.DataFrame:
     """Rows (run_id, step, value) of one scalar metric ("loss", "grad_norm", "eval_loss", ...)."""
+    require(metrics, METRICS, "scalar_metric", "metrics")
     rows = metrics[metrics["metric"] == name]
     return rows[["run_id", "step", "value"]].reset_index(drop=True)
 
 
 def _parse(metrics: pd.DataFrame, kind: str, index: list[str], wide: bool) -> pd.DataFrame:
+    require(metrics, METRICS, f"{kind}_telemetry", "metrics")
     rows = metrics[metrics["metric"].str.startswith(kind + "/")]
     parsed = {name: parse_key(name) for name in rows["metric"].unique()}  # each name once
     columns = [*index, "stat"]
@@ -140,12 +145,15 @@ def acc_telemetry(metrics: pd.DataFrame, *, wide: bool = False) -> pd.DataFrame:
 
 def attach(frame: pd.DataFrame, runs: pd.DataFrame, columns: Sequence[str] = ("cell",)):
     """`frame` (with a run_id column) joined with the given columns of the runs table."""
+    require(frame, ("run_id",), "attach", "frame")
+    require(runs, ("run_id", *columns), "attach")
     return frame.merge(runs[["run_id", *columns]], on="run_id", how="left")
 
 
 def depths(metrics: pd.DataFrame) -> dict[str, float]:
     """{layer: depth} from the `depth/<layer>` rows of a metrics table (each layer's position in
     the forward's order of quantized ops, `fp4lab.nnx.telemetry.depths`); {} when absent."""
+    require(metrics, ("metric", "value"), "depths", "metrics")
     rows = metrics[metrics["metric"].str.startswith("depth/")]
     if rows.empty:
         return {}

@@ -39,6 +39,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import PercentFormatter
 
 from fp4lab.analysis import factors, frames, tables
+from fp4lab.analysis.columns import require, require_tables
 from fp4lab.analysis.labels import cell_label, stat_label
 from fp4lab.schema import ACC_OPERANDS, ACC_STATS, GEMMS, GRAD_STATS, OPERANDS, SQRT3, STATS
 
@@ -216,6 +217,7 @@ def gradient_flow_heatmap(
       The figure. Raises ValueError when the metrics hold no such statistic, or only for
       operands that are not quantized.
     """
+    require_tables("gradient_flow_heatmap", metrics=metrics, runs=runs, needs=("run_id", "cell"))
     kind = _telemetry_kind(stat, kind)
     if kind == "grad":
         tele = frames.grad_telemetry(metrics)
@@ -327,6 +329,7 @@ def drift_vs_depth(
         (default: the last one). by: the runs column naming the lines.
       labels: {cell name: readable name} for the legend (default `labels.cell_label`).
     """
+    require_tables("drift_vs_depth", metrics=metrics, runs=runs, needs=("run_id", by))
     tele = frames.acc_telemetry(metrics)
     if tele.empty:
         raise ValueError("no drift telemetry (acc/<layer>/...) in the metrics")
@@ -419,6 +422,8 @@ def loss_curves(
       by: the runs column whose values are the curves. band: "minmax" or "iqr". gap: see above.
       labels: {cell name: readable name} for the legend (default `labels.cell_label`).
     """
+    need = ("run_id", by, "loss_floor", "status", "diverged")
+    require_tables("loss_curves", metrics=metrics, runs=runs, needs=need)
     if band not in ("minmax", "iqr"):
         raise ValueError(f"band must be 'minmax' or 'iqr', got {band!r}")
     curves = frames.attach(frames.scalar_metric(metrics, metric), runs, [by, "loss_floor"])
@@ -509,6 +514,7 @@ def ladder(
       labels: {name: readable name} overriding the names of the bars' cells (or other names).
     """
     cols = [label] if isinstance(label, str) else list(label)
+    require(table, (value, *cols), "ladder", "analysis")
     texts = [[_bar_name(v, col, labels) for v in table[col]] for col in cols]
     names = [", ".join(parts) for parts in zip(*texts, strict=True)]
     nan = pd.Series(np.nan, index=table.index)
@@ -572,6 +578,7 @@ def gnr_curves(
       by: the runs column naming the panels. agg: a pandas reduction over seeds.
       labels: {cell name: readable name} for the panel titles (default `labels.cell_label`).
     """
+    require_tables("gnr_curves", metrics=metrics, runs=runs, needs=("run_id", by))
     tele = frames.grad_telemetry(metrics)
     tele = tele[tele["stat"] == "gnr"]
     if tele.empty:
@@ -626,6 +633,7 @@ def format_staircase(
     their staircase here: flat inside the range, stepping up as values flush or saturate. Log
     axes where the data allow.
     """
+    require(frame, (x, y, hue), "format_staircase", "frame")
     fig = _figure(6.4, 4.2)
     ax = fig.subplots()
     palette = sns.color_palette("colorblind")
@@ -672,6 +680,8 @@ def iter_figures(results, labels: Mapping[str, str] | None = None) -> Iterator[t
     overhead against `analysis.default_baseline`; each factor's share of the loss gap's variance;
     heatmaps of rel_err and bias per cell; the gradient-to-noise ratio.
     """
+    need = ("run_id", "cell", "status", "diverged", "loss_floor")
+    require_tables("iter_figures", metrics=results.metrics, runs=results.runs, needs=need)
     seen: dict[str, int] = {}
     for name, fig in _figures(results.runs, results.metrics, labels):
         seen[name] = seen.get(name, 0) + 1

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.analysis import frames, plots, tables, verdicts
+from fp4lab.analysis.columns import require, require_tables
 
 __all__ = ["cell_table", "format_table", "render", "write_report"]
 
@@ -89,8 +90,13 @@ def _ci(est, lo, hi, fmt: str = "{:.3g}") -> str:
     return f"{one(est)} [{one(lo)}, {one(hi)}]"
 
 
+CELL_TABLE = ("run_id", "cell", "status", "diverged", "divergence_kind", "divergence_step")
+CELL_TABLE += ("loss_gap", "final_loss", "loss_floor", "target_loss", "tokens_to_target")
+
+
 def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per cell, formatted for reading: n, failed, diverged, loss gap, tokens, overhead."""
+    require(runs, CELL_TABLE, "cell_table")
     rate = tables.divergence_rate(runs)
     out = rate[["cell", "n", "failed"]].copy()
     out["diverged"] = [
@@ -365,6 +371,8 @@ def _config_html(results) -> list[str]:
 def render(results) -> str:
     """The report page as an HTML string (see the module docstring for its sections)."""
     runs, metrics = results.runs, results.metrics
+    if len(runs):
+        require_tables("render", metrics=metrics, runs=runs, needs=("experiment", *CELL_TABLE))
     experiments = ", ".join(str(e) for e in pd.unique(runs["experiment"])) if len(runs) else "–"
     title = f"fp4lab results: {experiments}"
     ok = runs[runs["status"] == "ok"] if len(runs) else runs

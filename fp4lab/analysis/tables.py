@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.analysis import crossed
+from fp4lab.analysis.columns import require
 from fp4lab.analysis.factors import design_factors
 from fp4lab.analysis.frames import ok_runs
 from fp4lab.analysis.intervals import Interval, Stat, bootstrap_ci, ratio_ci, wilson_interval
@@ -57,6 +58,8 @@ def divergence_rate(runs: pd.DataFrame, by: Sequence[str] = ("cell",), *, level=
       DataFrame with the `by` columns and n, failed, diverged, nonfinite, spike (by kind), rate,
       rate_lo, rate_hi, and the median divergence step among the runs that diverged.
     """
+    need = ("status", "diverged", "divergence_kind", "divergence_step")
+    require(runs, (*by, *need), "divergence_rate")
     rows = []
     for key, g in _groups(runs, by):
         ok = ok_runs(g)
@@ -104,6 +107,7 @@ def loss_gap(
       gap_mcse (the larger Monte Carlo standard error of the two ends),
       levels (fewest seed levels of a varying stream), method.
     """
+    require(runs, (*by, "status", outcome, "loss_floor"), "loss_gap")
     rows = []
     for key, g in _groups(runs, by):
         ok = ok_runs(g)
@@ -158,6 +162,7 @@ def paired_difference(
       "too few seeds" (fewer than 3 levels of a paired stream, or nothing to pair
       on), "baseline" for the baseline itself.
     """
+    require(runs, (by, "status", outcome), "paired_difference")
     groups = {key[by]: g for key, g in _groups(runs, (by,))}
     if baseline not in groups:
         raise ValueError(f"paired_difference: no {by} {baseline!r}; have {list(groups)}")
@@ -224,9 +229,11 @@ def tokens_to_target(
       never, tokens, tokens_lo, tokens_hi and, with a baseline, overhead, overhead_lo, overhead_hi
       and baseline (True for the baseline group itself).
     """
-    ok_all = ok_runs(runs)
     if isinstance(baseline, str):
         baseline = {by[0]: baseline}
+    need = (*by, "status", "target_loss", "tokens_to_target", *(baseline or {}), *match)
+    require(runs, need, "tokens_to_target")
+    ok_all = ok_runs(runs)
     rows = []
     for key, g in _groups(runs, by):
         ok = ok_runs(g)
