@@ -11,6 +11,7 @@ stay fast and a worker process loads only what it runs.
     models                Rule, quantize_model, describe, backend_report, unquantize,
                           telemetry
     runs                  Config, make_keys, make_train, train, sweep, load
+    your own model        own (own.train, own.sweep: your model, loss and data, seeds, store)
     analysis              analysis (plots and report are its submodules)
     models and tasks      models (plain Flax NNX models), data (synthetic tasks)
 """
@@ -50,6 +51,7 @@ _API = {
     "make_train": ("fp4lab.train.trainer", "make_train"),
     "train": ("fp4lab.train", None),
     "sweep": ("fp4lab.sweep", None),
+    "own": ("fp4lab.sweep.own", None),
     "load": ("fp4lab.sweep.store", "load"),
     "analysis": ("fp4lab.analysis", None),
     "models": ("fp4lab.models", None),

@@ -1,0 +1,228 @@
+"""Your own model, loss and data from Python: seeds, cells and the store without a seed loop.
+
+    import fp4lab as fl
+    res = fl.own.sweep(model, loss, batch, {"bf16": {"recipe": "bf16"},
+                                            "nvfp4": {"recipe": "nvfp4"}},
+                       fl.Config(steps=200), seeds=3, out="results/mine")
+    res.runs                                     # the runs table, as fl.load("results/mine")
+    fl.analysis.verdict(res.runs, "final_loss")
+
+    records = fl.own.train(model, loss, batch, fl.Config(recipe="nvfp4"), seeds=3)
+
+The functions follow the contract of an experiment file (`fp4lab.train.own`): `model(config,
+rngs)`, `loss(model, batch)`, `batch(key, step)` (or `batch(config, key, step)`), optional
+`eval_batch`, `floor` (the known optimum) and `tokens_per_step`. The seed streams keep their
+meaning: init seeds the model, data the batches, quant the quantizer; seeds run as vmapped
+calls, each seed bit-identical whichever seeds share its call.
+
+What identifies the task in run ids (`task_hash`): the source of the functions and of every
+function and class of their modules they reach by name, and the values they hold in a closure
+or reach as a global: arrays (in-memory data) by their bytes, numbers and strings; anything
+else they read (a file, an iterator) is named by `data`, a {name: bytes, array or Path} the
+hash covers too. So an
+edited function or other data gives new runs, and a rerun of the same skips finished ones.
+
+The task is registered in this process: the local executor computes it (workers and Ray need
+an experiment file, which they load themselves).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import tempfile
+import types
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fp4lab.sweep import runner
+from fp4lab.sweep import store as results_store
+from fp4lab.sweep.experiment import Cell, Experiment, ExperimentError, jsonable, seed_triples
+from fp4lab.train import own
+from fp4lab.train.config import Config, ConfigError, make
+
+__all__ = ["task", "task_hash", "train", "sweep"]
+
+
+def task_hash(fns: Mapping[str, Any], data: Mapping[str, Any] | None = None) -> str:
+    """sha256 (hex) of the functions' code closure and in-memory arrays, and of `data` (module
+    docstring)."""
+    digest = hashlib.sha256()
+    seen: set[int] = set()
+    for name in sorted(fns):
+        digest.update(name.encode() + b"\0")
+        _code(fns[name], digest, seen)
+    for name in sorted(data or {}):
+        digest.update(f"data:{name}".encode() + b"\0")
+        _value(data[name], digest, seen)
+    return digest.hexdigest()
+
+
+def _code(obj, digest, seen: set[int]) -> None:
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if not isinstance(obj, types.FunctionType | type):
+        _value(obj, digest, seen)  # a callable object: its type's name
+        return
+    try:
+        digest.update(inspect.getsource(obj).encode())
+    except (OSError, TypeError):  # no source (made at run time): its code object
+        code = getattr(obj, "__code__", None)
+        digest.update(repr((code.co_code, code.co_consts, code.co_names)).encode() if code else b"")
+    fns = [obj] if isinstance(obj, types.FunctionType) else list(vars(obj).values())
+    for fn in fns:
+        fn = getattr(fn, "__func__", fn)
+        if not isinstance(fn, types.FunctionType):
+            continue
+        for cell in fn.__closure__ or ():
+            try:
+                _reached(cell.cell_contents, None, digest, seen)
+            except ValueError:  # an empty cell
+                pass
+        for name in _names(fn.__code__):
+            if name in fn.__globals__:
+                _reached(fn.__globals__[name], obj, digest, seen)
+
+
+def _names(code) -> set[str]:
+    out = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            out |= _names(const)
+    return out
+
+
+def _reached(value, owner, digest, seen: set[int]) -> None:
+    """A value a function reads: a function or class (its code; of a global, only where the
+    function's module defines it), an array, a number, a string or a container of them. A
+    module or any other object adds its type's name only (its repr may hold an address)."""
+    if isinstance(value, types.FunctionType | type):
+        if owner is None or getattr(value, "__module__", None) == owner.__module__:
+            _code(value, digest, seen)
+    elif not isinstance(value, types.ModuleType):
+        _value(value, digest, seen)
+
+
+def _value(value, digest, seen: set[int]) -> None:
+    if isinstance(value, bytes):
+        digest.update(value)
+    elif isinstance(value, Path) and value.is_file():
+        digest.update(value.read_bytes())
+    elif isinstance(value, str | int | float | complex | bool | type(None)):
+        digest.update(repr(value).encode())
+    elif hasattr(value, "__array__") and not isinstance(value, type):
+        a = np.asarray(value)
+        digest.update(f"{a.dtype}{a.shape}".encode() + np.ascontiguousarray(a).tobytes())
+    elif isinstance(value, Mapping):
+        for k in sorted(value, key=repr):
+            digest.update(repr(k).encode())
+            _value(value[k], digest, seen)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _value(v, digest, seen)
+    elif isinstance(value, types.FunctionType | type):
+        _code(value, digest, seen)
+    else:
+        digest.update(type(value).__qualname__.encode())
+
+
+def task(
+    model: Callable,
+    loss: Callable,
+    batch: Callable,
+    *,
+    eval_batch: Callable | None = None,
+    floor: float | None = None,
+    tokens_per_step: int | Callable | None = None,
+    data: Mapping[str, Any] | None = None,
+) -> str:
+    """Registers the functions as a task in this process; returns its `task_file` name,
+    "python:<task_hash>", for `Config(task="own", task_file=...)`."""
+    ns = types.SimpleNamespace(model=model, loss=loss, batch=batch, eval_batch=eval_batch)
+    ns.FLOOR, ns.TOKENS_PER_STEP = floor, tokens_per_step
+    fns = {"model": model, "loss": loss, "batch": batch}
+    fns |= {"eval_batch": eval_batch} if eval_batch is not None else {}
+    fns |= {"tokens_per_step": tokens_per_step} if callable(tokens_per_step) else {}
+    tokens = None if callable(tokens_per_step) else tokens_per_step
+    extra = {"floor": floor, "tokens_per_step": tokens}
+    name = own.PYTHON + task_hash(fns, (data or {}) | {"__numbers__": repr(extra)})
+    own.register(name, ns)
+    return name
+
+
+def sweep(
+    model: Callable,
+    loss: Callable,
+    batch: Callable,
+    cells: Mapping[str, Mapping[str, Any]],
+    config: Config | Mapping[str, Any] | None = None,
+    *,
+    seeds: Any = 3,
+    out: str | Path,
+    name: str = "own",
+    progress: bool = True,
+    **task_options,
+) -> results_store.Results:
+    """Trains the model in every cell for every seed into the results folder `out` (finished
+    runs are skipped, so a rerun resumes) and returns `fp4lab.load(out)`.
+
+    Args:
+      model, loss, batch: the task (module docstring); `task_options` (eval_batch, floor,
+        tokens_per_step, data) go to `task`.
+      cells: {label: config overrides}, e.g. {"nvfp4": {"recipe": "nvfp4"}}.
+      config: the base Config (or a dict of overrides of Config()).
+      seeds: an int n, a per-stream dict or a list of (init, data, quant) triples, as an
+        experiment file's `seeds` (`fp4lab.sweep.experiment.seed_triples`).
+      out: the results folder (one experiment's: `name`).
+    """
+    experiment = _experiment(model, loss, batch, cells, config, seeds, name, task_options)
+    runner.run_experiment(experiment, out, progress=progress)
+    return results_store.load(out)
+
+
+def train(
+    model: Callable,
+    loss: Callable,
+    batch: Callable,
+    config: Config | Mapping[str, Any] | None = None,
+    *,
+    seeds: Any = 3,
+    **task_options,
+) -> list[dict[str, Any]]:
+    """Trains one config for every seed; returns its run records, one dict per seed in the
+    store's format (run_id, config, seeds, data, status, summary, series, telemetry, wall_s,
+    provenance; `fp4lab.sweep.store`). Raises RuntimeError with the traceback of a run that
+    failed."""
+    with tempfile.TemporaryDirectory() as folder:
+        experiment = _experiment(
+            model, loss, batch, {"base": {}}, config, seeds, "own", task_options
+        )
+        runner.run_experiment(experiment, folder, progress=False)
+        records = results_store.Store(folder).records()
+    failed = [r for r in records if r["status"] != "ok"]
+    if failed:
+        raise RuntimeError(f"fp4lab.own.train: a run failed:\n{failed[0].get('error', '')}")
+    order = {rid: i for i, rid in enumerate(experiment.cells[0].run_ids())}
+    return sorted(records, key=lambda r: order[r["run_id"]])
+
+
+def _experiment(model, loss, batch, cells, config, seeds, name, task_options) -> Experiment:
+    task_file = task(model, loss, batch, **task_options)
+    try:
+        base = make(dict(config)) if isinstance(config, Mapping) else (config or Config())
+        base = base.replace(task="own", task_file=task_file)
+        built = []
+        for label, overrides in cells.items():
+            cfg = make(dict(overrides), base)
+            data = results_store.data_hashes(cfg.to_dict())
+            triples = seed_triples(seeds)
+            built.append(Cell(label, jsonable(dict(overrides)), cfg, triples, "", data))
+    except ConfigError as e:
+        raise ExperimentError(str(e)) from e
+    if not built:
+        raise ExperimentError("cells is empty; give at least one {label: overrides}")
+    return Experiment(name=name, path=f"{name}.py", base=base, cells=tuple(built))
