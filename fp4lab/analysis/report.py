@@ -31,6 +31,8 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -417,15 +419,37 @@ def write_report(results, path) -> Path:
     Args:
       results: anything with the store's `runs` and `metrics` DataFrames.
       path: the HTML file to write, or a folder (e.g. the results folder itself), in which case
-        the file is `<path>/report.html`. Written atomically (a temporary file, then rename).
+        the file is `<path>/report.html`. Written atomically (a temporary file, fsync, rename,
+        fsync of the folder); on a failure (a full disk) the temporary file is removed.
     Returns:
       The path of the HTML file.
     """
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         path = path / "report.html"
+    text = render(results).encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(results), encoding="utf-8")
-    tmp.replace(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, Ctrl-C: no temporary file left behind
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if hasattr(os, "O_DIRECTORY"):  # the rename reaches the disk (POSIX)
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -1,17 +1,19 @@
 """Record files on disk: atomic writes with ordinary permissions, checked reads, bad entries.
 
-Every file of a results folder is written to a temporary name in its folder and renamed into
-place, so a killed sweep leaves whole files or none. Files get mode 0666 minus the umask (0644
-under the usual umask 022), like any file a program creates, so others on a shared machine can
-read them. A write that fails (a read-only folder, a full disk) raises `StoreError` naming the
-file and the reason.
+Every file of a results folder is written to a temporary name in its folder, flushed, renamed
+into place, and the folder flushed after the rename (`fsync_dir`), so a killed sweep or a power
+loss leaves whole files or none, and no temporary file stays behind a write that fails. Files
+get mode 0666 minus the umask (0644 under the usual umask 022), like any file a program creates,
+so others on a shared machine can read them. A write that fails (a read-only folder, a full
+disk) raises `StoreError` naming the file and the reason.
 
 A run record is read only if it is a regular file that parses, whose checksum matches, whose name
 is its run id and which has the fields every record has (`check_record`), and, when its per-step
 metrics are in a Parquet file beside it (schema 3), if that file's sha256 is the one the record
-(and so its checksum) holds. Anything else is a bad
-entry: skipped with one `CorruptRecord` warning naming the file and what is wrong (each bad file
-is reported once per process while it stays unchanged), and its run is redone.
+(and so its checksum) holds. Anything else, whatever it contains (a file nested too deeply to
+parse included), is a bad entry: skipped with one `CorruptRecord` warning naming the file and
+what is wrong (each bad file is reported once per process while it stays unchanged), and its run
+is redone.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "canonical",
     "check_record",
     "file_sha256",
+    "fsync_dir",
     "read_json",
     "read_record",
     "seal",
@@ -80,15 +83,18 @@ def _file_mode() -> int:
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Writes `text` (or bytes) to `path` atomically (temporary file, fsync, rename), mode
-    0666 & ~umask.
+    """Writes `text` (or bytes) to `path` atomically (temporary file, fsync, rename, fsync of
+    the folder), mode 0666 & ~umask. On any failure the temporary file is removed.
 
     Raises:
       StoreError: the folder cannot be created or written (read-only, full disk, ...).
     """
     tmp = None
     try:
+        new_folder = not path.parent.is_dir()
         path.parent.mkdir(parents=True, exist_ok=True)
+        if new_folder:  # its entry in the folder above, too
+            fsync_dir(path.parent.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             os.fchmod(f.fileno(), _file_mode())
@@ -96,6 +102,8 @@ def write_atomic(path: Path, text: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        tmp = None
+        fsync_dir(path.parent)  # the rename itself survives a power loss only once this returns
     except OSError as e:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
@@ -107,6 +115,25 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def fsync_dir(folder: Path) -> None:
+    """Flushes a folder's entries (a rename into it, a new file) to the disk (POSIX: fsync of
+    the folder). A filesystem that cannot fsync a folder (EINVAL) is left as it is.
+
+    Raises:
+      OSError: the folder cannot be opened or flushed (an I/O error).
+    """
+    if not hasattr(os, "O_DIRECTORY"):  # not POSIX (Windows): folders are not opened
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def seal(record: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -141,6 +168,8 @@ def read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"cannot be read ({e.strerror})"
     except (ValueError, UnicodeDecodeError) as e:
         return None, f"does not parse as JSON ({e})"
+    except RecursionError:  # the parser's stack, not ours: nested deeper than Python's limit
+        return None, "does not parse as JSON (nested too deeply)"
 
 
 def check_record(body: Any, stem: str) -> str | None:
@@ -188,7 +217,10 @@ def read_record(path: Path) -> dict[str, Any] | None:
     """The record in `path`, or None with one warning naming the file and what is wrong."""
     body, why = read_json(path)
     if why is None:
-        why = check_record(body, path.stem)
+        try:
+            why = check_record(body, path.stem)
+        except (RecursionError, TypeError, ValueError) as e:  # whatever the content holds
+            why = f"cannot be checked ({type(e).__name__}: {e})"
     if why is None and body.get("metrics") is not None:
         metrics = path.with_name(body["metrics"]["file"])
         try:
