@@ -13,12 +13,15 @@ process, through a queue from worker processes (a driver thread passes them on).
 Worker processes end with their parent: each one asks the kernel for SIGKILL when its parent
 dies (Linux `PR_SET_PDEATHSIG`) and also watches its parent id, so a `kill -9` of the driver, as
 a scheduler's timeout sends, leaves no orphan computing on. On Ctrl-C, SIGTERM (which `fp4lab
-run` turns into KeyboardInterrupt) or any error in the driver, the workers are terminated before
-the exception goes on.
+run` turns into KeyboardInterrupt) or any error in the driver (a full disk), the workers are
+terminated before the exception goes on, and no thread of the pool prints a traceback after it.
+A worker that dies on its own loses the batches in flight; they are retried in new workers
+(`run_processes`), as the Ray executor retries a task whose worker died.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import ctypes
 import functools
@@ -32,11 +35,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 __all__ = [
     "Compute",
     "Finish",
+    "MAX_RETRIES",
     "Sink",
     "attempt",
     "die_with_parent",
@@ -49,6 +54,7 @@ Compute = Callable[[dict[str, Any], list], list[dict]]  # (config dict, seeds) -
 Finish = Callable[[Any, list, list[dict] | None, str | None], None]  # (cell, seeds, res, err)
 Sink = Callable[[int, dict[str, Any]], None]  # (index of the batch in the work, event)
 _QUEUE: list = [None]  # in a worker process: where its progress events go
+MAX_RETRIES = 3  # tries of a batch whose worker process died, after the first (as Ray's default)
 
 
 def takes_progress(compute: Compute) -> bool:
@@ -114,7 +120,7 @@ def _pass_on(events, progress: Sink, stop: threading.Event) -> None:
             index, event = events.get(timeout=0.1)
         except queue_module.Empty:
             continue
-        except (EOFError, OSError):
+        except Exception:  # EOF, or a message cut short by a worker that died while it wrote
             return
         try:
             progress(index, event)
@@ -165,41 +171,98 @@ def run_processes(
     compute: Compute,
     workers: int,
     progress: Sink | None = None,
+    max_retries: int = MAX_RETRIES,
 ) -> None:
     """Computes the work in `workers` fresh processes (compiles of different cells run in
     parallel); `finish` runs here, in completion order. The workers end with this process
-    (module docstring); on any exception here they are terminated first."""
+    (module docstring); on any exception here they are terminated first.
+
+    A worker process that dies (a `kill -9`, an out-of-memory kill, a segfault) breaks the pool:
+    its batch and the others in flight are lost. The pool is started again and the lost batches
+    retried, each at most `max_retries` times (one line on stderr says so); a batch lost more
+    often is finished as failed with a message saying how often, and the sweep goes on. At most
+    `workers` batches are in flight, so a lost batch is one that was computing.
+    """
     ctx = mp.get_context("spawn")  # a fresh jax per worker (fork after jax init is unsafe)
     before = set(mp.active_children())
     report = progress is not None and takes_progress(compute)
-    events = ctx.Queue() if report else None
-    pool = cf.ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=ctx,
-        initializer=_start_worker,
-        initargs=(os.getpid(), events),
-    )
-    stop = threading.Event()
-    if report:
-        threading.Thread(
-            target=_pass_on, args=(events, progress, stop), name="progress", daemon=True
-        ).start()
-    futures = {}
+    left = collections.deque(range(len(todo)))  # indices of the batches still to compute
+    lost = [0] * len(todo)  # how often each batch's pool broke under it
+    pool = None
     try:
-        for i, (cell, seeds) in enumerate(todo):
-            sink = _Forward(i) if report else None
-            fut = pool.submit(attempt, compute, cell.config.to_dict(), seeds, sink)
-            futures[fut] = (cell, seeds)
-        for fut in cf.as_completed(futures):
-            cell, seeds = futures[fut]
-            results, error = fut.result()
-            finish(cell, seeds, results, error)
+        while left:
+            # a fresh queue per pool: a worker killed while it wrote may leave a queue locked
+            events = ctx.Queue() if report else None
+            pool = cf.ProcessPoolExecutor(
+                max_workers=workers,
+                mp_context=ctx,
+                initializer=_start_worker,
+                initargs=(os.getpid(), events),
+            )
+            stop = threading.Event()
+            if report:
+                threading.Thread(
+                    target=_pass_on, args=(events, progress, stop), name="progress", daemon=True
+                ).start()
+            try:
+                broken = _drain(pool, todo, left, finish, compute, workers, report)
+            finally:
+                stop.set()
+            pool.shutdown(wait=True)  # a broken pool has terminated its workers already
+            pool = None
+            for i in broken:
+                lost[i] += 1
+            retry = [i for i in broken if lost[i] <= max_retries]
+            left.extendleft(reversed(retry))
+            if broken:
+                then = f"retrying {len(retry)} in new workers" if retry else "not retried"
+                print(
+                    f"a worker process died: {len(broken)} batch(es) in flight lost, {then} "
+                    f"(try {max(lost[i] for i in broken) + 1} of at most {max_retries + 1})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            for i in broken:
+                if lost[i] > max_retries:
+                    cell, seeds = todo[i]
+                    why = f"the worker computing this batch died on each of its {lost[i]} tries"
+                    finish(cell, seeds, None, f"{why} ({max_retries=})")
     except BaseException:
-        for f in futures:
-            f.cancel()
+        # Shut the pool down before its workers are terminated, and cancel no future here: the
+        # pool's own thread fails the futures of the workers it loses, and a future cancelled
+        # under it raises InvalidStateError in that thread (a traceback after ours).
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         _stop(set(mp.active_children()) - before)
-        pool.shutdown(wait=False, cancel_futures=True)
         raise
-    finally:
-        stop.set()
-    pool.shutdown(wait=True)
+
+
+def _drain(pool, todo, left, finish, compute, workers: int, report: bool) -> list[int]:
+    """Runs the batches of `left` (taken from its front) in `pool`, at most `workers` in flight,
+    calling `finish` for each; returns the indices of the batches lost when the pool broke
+    (empty when every batch finished)."""
+    running: dict[cf.Future, int] = {}
+    broken: list[int] = []
+    while left or running:
+        while left and len(running) < workers and not broken:
+            i = left.popleft()
+            cell, seeds = todo[i]
+            sink = _Forward(i) if report else None
+            try:
+                running[pool.submit(attempt, compute, cell.config.to_dict(), seeds, sink)] = i
+            except BrokenProcessPool:  # broken under a batch in flight: seen below
+                left.appendleft(i)
+                break
+        if not running:
+            break
+        done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+        for fut in sorted(done, key=running.get):
+            i = running.pop(fut)
+            try:
+                results, error = fut.result()
+            except BrokenProcessPool:
+                broken.append(i)
+                continue
+            cell, seeds = todo[i]
+            finish(cell, seeds, results, error)
+    return sorted(broken)
