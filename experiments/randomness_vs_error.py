@@ -32,7 +32,12 @@ data's.
 What it gave: see results/README.md (randomness vs error).
 """
 
+import numpy as np
+import pandas as pd
+
 from fp4lab import analysis
+from fp4lab.analysis import crossed
+from fp4lab.schema import STREAMS
 from fp4lab.train.config import Config
 
 LEVELS = 12  # seeds per stream (5 and 8 left the smallest contrast at the edge; see the docstring)
@@ -79,12 +84,48 @@ def sweep(add, first: int = 0):
 
 
 def analyze(results):
-    """verdict.csv: each pair of cells (fixed effects) and the SD each seed stream induces in
-    each cell (random effects), with family-wise intervals and a word; components.csv: the
-    variance components of the crossed streams per cell; loss_gap.csv: the gap per cell."""
+    """verdict.csv: each pair of cells (fixed effects) and each seed stream's own SD in each cell
+    (random effects), with family-wise intervals, their Monte Carlo errors and a word;
+    components.csv: the variance components of the crossed streams per cell; loss_gap.csv: the
+    gap per cell; outcomes.csv: each run's cell, seeds and loss gap (every row above
+    recomputes from it); levels.csv: the verdict's contrasts on the first 5, 8 and 12 seeds of
+    every stream, converged, beside the share of 200 Monte Carlo seeds for which the earlier
+    4000-draw interval said "higher"/"lower" (the 5 -> 8 -> 12 history of results/README.md)."""
     runs = results.runs
+    outcomes = runs[["cell", "status", "seed_init", "seed_data", "seed_quant", "loss_gap"]]
     return {
         "verdict": analysis.verdict(runs, "loss_gap"),
         "components": analysis.variance_components(runs, "loss_gap"),
         "loss_gap": analysis.loss_gap(runs),
+        "outcomes": outcomes,
+        "levels": levels_table(outcomes),
     }
+
+
+def levels_table(outcomes, levels=(5, 8, LEVELS), old_draws=4000, old_seeds=200):
+    """The fixed rows of the verdict on the first `n` seed levels of every stream, for each n,
+    with `old_decided`: the share of `old_seeds` Monte Carlo seeds for which a generalized
+    interval of `old_draws` draws (the earlier default) excludes 0."""
+    rows = []
+    for n in levels:
+        first = {s: sorted(outcomes[f"seed_{s}"].unique())[:n] for s in ("init", "data", "quant")}
+        keep = outcomes
+        for stream, seeds in first.items():
+            keep = keep[keep[f"seed_{stream}"].isin(seeds)]
+        table = analysis.verdict(keep, "loss_gap")
+        cells = {c: g for c, g in keep.groupby("cell", sort=False)}
+        for row in table[table.kind == "fixed"].itertuples():
+            b, a = row.term.split(" - ")
+            d, lay = crossed.paired_layout(cells[a], cells[b], "loss_gap", STREAMS)
+            old = [
+                crossed.mean_interval(
+                    d, lay, level=table.attrs["row_level"], draws=old_draws, seed=k
+                )
+                for k in range(old_seeds)
+            ]
+            decided = np.mean([i.lo > 0 or i.hi < 0 for i in old])
+            rows.append(
+                dict(levels=n, term=row.term, verdict=row.verdict, effect=row.effect, lo=row.lo)
+                | dict(hi=row.hi, lo_mcse=row.lo_mcse, hi_mcse=row.hi_mcse, old_decided=decided)
+            )
+    return pd.DataFrame(rows)

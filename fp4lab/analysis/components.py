@@ -20,6 +20,9 @@ __all__ = ["variance_components", "reml_components", "stream_totals", "cell_draw
 
 NAN = float("nan")
 METHODS = ("anova", "reml")
+# the generalized interval of the full interaction's share under-covers when that term
+# dominates (tests/analysis/test_coverage.py): not printed
+RESIDUAL_SHARE = "no share interval for the residual (it under-covers when the residual dominates)"
 
 
 def cell_draws(rows: pd.DataFrame, outcome: str, streams: Sequence[str]):
@@ -177,7 +180,10 @@ def _cell_rows(y, lay, method, level, draws, seed) -> list[dict]:
             note = f"too few seeds ({levels} levels; need {crossed.MIN_LEVELS})"
         elif gci is not None:
             ends = crossed.quantile_ends(gci["variance"][s], level)
-            share_ends = crossed.quantile_ends(gci["share"][s], level)
+            if crossed.component_name(lay, s) == "residual":
+                note = (note + "; " if note else "") + RESIDUAL_SHARE
+            else:
+                share_ends = crossed.quantile_ends(gci["share"][s], level)
         rows.append(
             dict(component=crossed.component_name(lay, s), variance=estimate[s])
             | dict(share=estimate[s] / total if total > 0 else NAN, lo=ends.lo, hi=ends.hi)

@@ -9,7 +9,7 @@ import pytest
 from crossed_design import COMPONENTS, crossed_cell  # tests/analysis/crossed_design.py
 
 from fp4lab import analysis
-from fp4lab.analysis import crossed
+from fp4lab.analysis import components, crossed
 
 # component order of a three-stream layout: init, data, quant, init:data, init:quant,
 # data:quant, residual (the init:data:quant interaction)
@@ -62,7 +62,8 @@ def test_reml_agrees_with_the_expected_mean_squares_on_a_balanced_design():
     for rng in (0, 5, 14):
         runs = crossed_runs(levels=(5, 5, 4), sd=(1, 0.8, 0.6, 0.5, 0.6, 0.5, 0.4), rng=rng)
         anova = analysis.variance_components(runs, method="anova").set_index("component")
-        assert (anova["variance"] > 0).all() and anova["note"].eq("").all()
+        assert (anova["variance"] > 0).all() and anova["note"].drop("residual").eq("").all()
+        assert anova.loc["residual", "note"] == components.RESIDUAL_SHARE
         reml = analysis.variance_components(runs, method="reml").set_index("component")
         # equal up to the optimizer's tolerance
         np.testing.assert_allclose(reml["variance"], anova["variance"], rtol=2e-3)
@@ -137,5 +138,6 @@ def test_components_are_exactly_zero_for_a_stream_without_effect():
     table = analysis.variance_components(runs).set_index("component")
     for name in ("quant", "init:quant", "data:quant", "residual"):
         assert table.loc[name, "variance"] == 0 and table.loc[name, "hi"] == 0
-        assert table.loc[name, "note"] == ""
+        note = components.RESIDUAL_SHARE if name == "residual" else ""
+        assert table.loc[name, "note"] == note
     assert list(itertools.islice(table.index, 3)) == ["init", "data", "quant"]
