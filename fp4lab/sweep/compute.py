@@ -119,7 +119,8 @@ def compute_cell(
     `progress`, when given, receives events as plain dicts while the cell runs:
     {"event": "compile"} before a compile and {"event": "compiled", "seconds"} after it, then
     {"event": "step", "seed": (init, data, quant), "step", "steps", "loss", "grad_norm",
-    "loss_scale"} every `every` steps of each seed (default `progress_every`) from inside the
+    "loss_scale"} every `every` steps of each seed (default `progress_every`; 0: no step events,
+    the compile events only, and the program of a run without them) from inside the
     compiled loop. The numbers are bit-identical with and without it; the program with the
     callback is compiled (and cached in this process) apart from the one without, and jax does
     not write programs with host callbacks to its persistent cache.
@@ -138,8 +139,8 @@ def compute_cell(
         every = 0
     elif every is None:
         every = progress_every(cfg)
-    elif isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"compute_cell: every={every!r}; must be an int >= 1")
+    elif isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"compute_cell: every={every!r}; must be an int >= 0")
     cached = (cfg, every) in _COMPILED
     for lo in range(0, len(seeds), width):
         chunk = [tuple(int(v) for v in s) for s in seeds[lo : lo + width]]
@@ -151,7 +152,8 @@ def compute_cell(
         if progress is not None:
             if not cached and lo == 0:
                 progress({"event": "compiled", "seconds": compile_s})
-            _REPORT[0] = _step_reporter(progress, keys, chunk, cfg.steps)
+            if every:
+                _REPORT[0] = _step_reporter(progress, keys, chunk, cfg.steps)
         t0 = time.perf_counter()
         try:
             arrays = jax.device_get(fn(keys))

@@ -411,8 +411,8 @@ def run_experiment(
         raise ExperimentError(f"progress_every={progress_every!r}; must be an int >= 0")
     if stream and progress_every == 0:
         raise ExperimentError("stream=True needs step reports; progress_every=0 turns them off")
-    in_cell = executor == "local" and (progress or stream) and progress_every != 0
-    if progress_every and "every" in _parameters(compute):
+    in_cell = executor == "local" and (progress or stream)  # compiles shown, steps if asked
+    if progress_every is not None and "every" in _parameters(compute):
         compute = functools.partial(compute, every=progress_every)
     labels = [f"{cell.label} (seeds {_seed_range(seeds)})" for cell, seeds in work]
     programs = {cell.config: i for i, (cell, _) in enumerate(work)}

@@ -64,10 +64,14 @@ def _leaves(tree, prefix=""):
     return {prefix: np.asarray(tree)}
 
 
-def test_bad_progress_every_is_an_error():
-    cfg = Config(**MLP, steps=2, eval_batches=1, seed_batch=1).to_dict()
-    with pytest.raises(ValueError, match=r"every=0; must be an int >= 1"):
-        sweep.compute_cell(cfg, [(0, 0, 0)], progress=print, every=0)
+def test_bad_progress_every_is_an_error_and_0_reports_the_compile_only():
+    cfg = Config(**MLP, steps=2, eval_batches=1, seed_batch=1)
+    with pytest.raises(ValueError, match=r"every=-1; must be an int >= 0"):
+        sweep.compute_cell(cfg.to_dict(), [(0, 0, 0)], progress=print, every=-1)
+    sweep.clear_cache(cfg)
+    events = []
+    sweep.compute_cell(cfg.to_dict(), [(0, 0, 0)], progress=events.append, every=0)
+    assert [e["event"] for e in events] == ["compile", "compiled"]
 
 
 EXPERIMENT = """
@@ -121,3 +125,29 @@ def test_progress_every_and_stream_are_checked(tmp_path):
         sweep.run_experiment(exp, tmp_path / "r", progress_every=-1)
     with pytest.raises(sweep.ExperimentError, match="stream=True needs step reports"):
         sweep.run_experiment(exp, tmp_path / "r", progress_every=0, stream=True)
+
+
+@pytest.mark.slow  # worker processes
+@pytest.mark.parametrize("workers", [1, 2])
+def test_compiles_are_shown_with_any_number_of_workers(tmp_path, workers):
+    """Without step reports (the default) every compile is still a line, in worker processes
+    too; and the program compiled is the one without host callbacks."""
+    path = tmp_path / "exp.py"
+    path.write_text(
+        textwrap.dedent(
+            EXPERIMENT.replace("seeds=2)", 'seeds=2)\n    add("b", recipe="bf16", seeds=2)')
+        )
+    )
+    log = io.StringIO()
+    bar = runner.Progress
+    try:
+        runner.Progress = lambda *a, **k: bar(*a, **(k | {"stream": log}))
+        sweep.clear_cache()
+        sweep.run_experiment(sweep.load_experiment(path), tmp_path / "r", workers=workers)
+    finally:
+        runner.Progress = bar
+    text = log.getvalue()
+    for cell in ("a", "b"):
+        assert f"compiling cell {cell} (seeds 0-1) ..." in text, text
+        assert re.search(rf"compiled cell {cell} \(seeds 0-1\) in \d+s", text), text
+    assert ": step " not in text
