@@ -1,0 +1,117 @@
+"""`--progress-every K` against no step reports, side by side in one process: where its cost goes.
+
+One cell of the quickstart's kind (the LM, d_model 64, 2 blocks under a scan, NVFP4, telemetry
+every 25 steps; `--steps` steps, 2 seeds) through the sweep's own `compute_cell`, three ways:
+
+  run       the cell called again, compiled already: the host callback's own cost per run
+  compile   a first call of a cell no cache holds (another lr each round): compile + run
+  rerun     a first call in a process whose caches hold the cell (what a rerun, an added seed or
+            a worker process pays): without reports the program comes from jax's persistent
+            cache and the stored traced programs; with them it is traced and compiled afresh,
+            since jax does not keep programs with host callbacks
+
+Each row's two variants run once per round, interleaved, in a shuffled order; the table gives
+the median seconds and the median of the per-round ratios (reports / none) with the sign
+test's interval. Goal: reports cost <= 10 % (ratio <= 1.10).
+
+    python benchmarks/progress.py                 # 60 steps, every 20, 5 rounds
+    python benchmarks/progress.py --quick         # a smoke test (the MLP task, 2 rounds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import median_interval, round_ratios  # noqa: E402
+
+from fp4lab.sweep import compute, programs  # noqa: E402
+from fp4lab.train.config import Config  # noqa: E402
+
+GOAL = 1.10
+SEEDS = [(0, 0, 0), (1, 1, 1)]
+
+
+def config(quick: bool, steps: int) -> Config:
+    if quick:
+        return Config(task="teacher", din=32, dout=32, teacher_hidden=(32,), hidden=(32,),
+                      steps=steps, recipe="nvfp4", eval_batches=1, seed_batch=2)  # fmt: skip
+    return Config(vocab=64, d_model=64, n_layers=2, scan_layers=True, n_heads=4, d_ff=128,
+                  seq_len=32, batch_size=16, steps=steps, recipe="nvfp4", telemetry_every=25,
+                  rules=((r"lm_head", "bf16"),), seed_batch=2)  # fmt: skip
+
+
+def timed(cfg: Config, every: int) -> float:
+    """Seconds of one compute_cell of the two seeds; with `every`, step reports every `every`
+    steps to a sink that keeps the last event (as the progress display does, cheaply)."""
+    last = {}
+    t0 = time.perf_counter()
+    if every:
+        compute.compute_cell(cfg.to_dict(), SEEDS, progress=last.update, every=every)
+    else:
+        compute.compute_cell(cfg.to_dict(), SEEDS)
+    return time.perf_counter() - t0
+
+
+def rounds(call, every: int, n: int) -> dict[str, list[float]]:
+    """{variant: seconds per round} of `call(0)` (none) and `call(every)` (reports), the two
+    alternating which goes first."""
+    out = {"none": [], "reports": []}
+    order = ["none", "reports"]
+    for _ in range(n):
+        for name in order:
+            out[name].append(call(every if name == "reports" else 0))
+        order.reverse()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    n = 2 if args.quick else args.rounds
+    cfg = config(args.quick, args.steps)
+    print(f"cell: {'MLP' if args.quick else 'LM d64 x2 scanned, telemetry 25'}, nvfp4, "
+          f"{args.steps} steps, 2 seeds; reports every {args.every} steps; {n} rounds")  # fmt: skip
+    rows = {}
+    with tempfile.TemporaryDirectory() as folder:  # jax's persistent cache, stored programs
+        compute.use_compile_cache(folder, min_compile_seconds=0, programs=True)
+        fresh = iter(range(1, 10**6))  # a config no cache holds: another lr, another program
+
+        def first_call(every: int) -> float:
+            return timed(cfg.replace(lr=cfg.lr * (1 + next(fresh) * 1e-6)), every)
+
+        rows["compile"] = rounds(first_call, args.every, n)
+        timed(cfg, 0), timed(cfg, args.every)  # both compiled in this process, cached on disk
+        rows["run"] = rounds(lambda every: timed(cfg, every), args.every, n)
+
+        def rerun(every: int) -> float:
+            compute.clear_cache()  # as a new process: only the caches on disk hold the cell
+            return timed(cfg, every)
+
+        rows["rerun"] = rounds(rerun, args.every, n)
+        os.environ.pop(programs.ENV, None)
+    print(f"{'row':8} {'none s':>8} {'reports s':>10} {'ratio':>7}  95 % interval  goal <= {GOAL}")
+    for name, t in rows.items():
+        ratios = round_ratios(t["reports"], t["none"])
+        ci = median_interval(ratios)
+        shown = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "(too few rounds)"
+        print(
+            f"{name:8} {statistics.median(t['none']):8.2f} {statistics.median(t['reports']):10.2f}"
+            f" {statistics.median(ratios):7.2f}x  {shown}"
+        )
+
+
+if __name__ == "__main__":
+    main()
