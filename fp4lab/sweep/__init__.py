@@ -9,6 +9,7 @@
     store        run ids, current and stale runs, provenance, load() as pandas
     records      atomic writes, checked reads, bad entries skipped with a warning
     reproduce    reproduce(folder, run_id): one stored run again, bit for bit
+    own          fp4lab.own: your model, loss and data from Python (train, sweep)
 
 The trainer is reached only inside `compute_cell`; the rest runs without flax.
 """

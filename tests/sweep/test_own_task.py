@@ -215,3 +215,15 @@ def test_token_files_and_iterators_become_batches(tmp_path):
     assert stacked["x"].shape == (5, 3)
     rows = fl.data.arrays.rows(stacked, 2)(jax.random.key(1), 0)["x"]
     assert rows.shape == (2, 3) and set(np.asarray(rows)[:, 0]) <= set(range(5))
+
+
+def test_task_args_are_the_files_own_parameters():
+    cfg = Config(task="own", task_file="x.py", task_args={"width": 8, "act": "relu"})
+    assert dict(cfg.task_args) == {"width": 8, "act": "relu"}
+    assert Config.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match=r"task_args\['w'\]"):
+        Config(task="own", task_file="x.py", task_args={"w": [1, 2]})
+    with pytest.raises(ValueError, match="takes no task_file"):
+        Config(task="markov", task_args={"width": 8})
+    with pytest.raises(ValueError, match="task_file is empty"):
+        Config(task="own")
