@@ -20,9 +20,10 @@ gnr (seed median) starts at 3.8-5.0 and is below sqrt(3) from the second logged 
 falling to about 1.0-1.1 by step 775; under BF16 it stays above 50. NVFP4 keeps learning with
 gnr < sqrt(3), but more slowly than BF16: its training loss is 1.20x BF16's over steps 100-199
 and 1.43x over 700-799, so the gap grows relative to the loss, not as a hard stall. The late
-switches (step 800): forward in BF16 brings the held-out gap from 0.088 [0.087, 0.090] to
-0.069 [0.068, 0.069] (everything in BF16: 0.069; BF16 throughout: 0.060), backward in BF16
-changes nothing (0.089), as NVIDIA report. The gnr says why: with the forward in BF16 it jumps
+switches (step 800): forward in BF16 brings the held-out gap from 0.088 [0.084, 0.091] to
+0.069 [0.067, 0.070] (t-intervals over the 4 seeds; everything in BF16: 0.068; BF16
+throughout: 0.060), backward in BF16 changes nothing (0.088 [0.084, 0.092]), as NVIDIA
+report; about 40 % of the forward's recovery is the change of measurement (results/README.md). The gnr says why: with the forward in BF16 it jumps
 to 3.3-7.6 at once, with the backward in BF16 it stays at 1.0-1.2, so in this MLP the error of
 the quantized forward, not of the backward GEMMs, dominates the gradient's error.
 """

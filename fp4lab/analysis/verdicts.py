@@ -201,27 +201,20 @@ def _random_row(r: dict, row_level: float) -> dict:
     if r["draws"] is None:
         return out | dict(verdict=r["reason"], evidence=r["why"])
     lay, gci = r["lay"], r["draws"]
-    own_set = crossed.own_subsets(lay, r["index"])
-    shared = [s for s in crossed.components(lay) if s not in own_set and r["index"] in s]
     ms = crossed.mean_squares(r["y"], lay)
     raw = crossed.ems_components({s: m for s, (m, _) in ms.items()}, lay)
-    own = max(sum(raw[s] for s in own_set), 0.0)  # sums truncated once, as the draws are
-    redraw = max(sum(raw[s] for s in own_set + shared), 0.0)
-    total = sum(max(v, 0.0) for v in raw.values())
-    own_draws = sum(gci["raw"][s] for s in own_set)  # truncated once, as a sum
-    redraw_draws = np.maximum(own_draws + sum(gci["raw"][s] for s in shared), 0.0)
-    own_draws = np.maximum(own_draws, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share_draws = own_draws / sum(gci["variance"].values())
+    point = crossed.stream_draws(raw, lay, r["index"])
+    own, redraw, share = (float(point[k]) for k in ("own", "redraw", "share"))
+    drawn = crossed.stream_draws(gci["raw"], lay, r["index"])
     sd, rd, sh = (
         crossed.quantile_ends(x, row_level)
-        for x in (np.sqrt(own_draws), np.sqrt(redraw_draws), share_draws)
+        for x in (np.sqrt(drawn["own"]), np.sqrt(drawn["redraw"]), drawn["share"])
     )
     out |= dict(effect=np.sqrt(own), lo=sd.lo, hi=sd.hi, lo_mcse=sd.lo_se, hi_mcse=sd.hi_se)
     out |= dict(redraw_sd=np.sqrt(redraw), redraw_lo=rd.lo, redraw_hi=rd.hi)
-    out |= dict(redraw_mcse=max(rd.lo_se, rd.hi_se), share=own / total if total > 0 else NAN)
+    out |= dict(redraw_mcse=max(rd.lo_se, rd.hi_se), share=share)
     out |= dict(share_lo=sh.lo, share_hi=sh.hi, share_mcse=max(sh.lo_se, sh.hi_se))
-    if redraw == 0 and not np.any(redraw_draws > 0):
+    if redraw == 0 and not np.any(drawn["redraw"] > 0):
         out |= dict(p=1.0)
         return out | dict(
             verdict="no evidence", evidence="no effect at all: runs identical across its seeds"
