@@ -69,9 +69,11 @@ _METHODS = [
     "the baseline − 1, the cell and its baseline resampled independently; BCa bootstrap "
     "(percentile where some runs never reach).",
     "What matters: cells as fixed effects (each pair, paired on the seeds they share), seed "
-    "streams as crossed random effects (the SD each induces, its interactions included), "
-    "generalized confidence intervals from the mean squares; Bonferroni over all rows; "
-    "“too few seeds” below 3 levels of a stream.",
+    "streams as crossed random effects: a stream's own SD (its main effect and two-way "
+    "interactions, judged by an exact F-test) beside its re-draw SD (own + the term all "
+    "streams share); generalized confidence intervals from the mean squares; Bonferroni over "
+    "all rows; “undecided” where an end is within 3 Monte Carlo errors of 0 or the test and "
+    "the interval disagree; “too few seeds” below 3 levels of a stream.",
 ]
 
 
@@ -141,11 +143,17 @@ def _verdict_html(runs: pd.DataFrame, outcome: str) -> str:
             "kind": table["kind"],
             "term": table["term"],
             "verdict": table["verdict"],
-            "effect (difference, or SD a stream induces)": [
+            "effect (difference, or a stream's own SD)": [
                 _ci(e, lo, hi)
                 for e, lo, hi in table[["effect", "lo", "hi"]].itertuples(index=False)
             ],
-            "share of seed variance": [
+            "re-draw SD": [
+                _ci(e, lo, hi)
+                for e, lo, hi in table[["redraw_sd", "redraw_lo", "redraw_hi"]].itertuples(
+                    index=False
+                )
+            ],
+            "own share of seed variance": [
                 _ci(s, lo, hi, "{:.1%}")
                 for s, lo, hi in table[["share", "share_lo", "share_hi"]].itertuples(index=False)
             ],
