@@ -5,7 +5,10 @@
     programs     cells' traced programs on disk (jax.export): later processes skip the trace
     executors    local executors (in process, worker processes)
     ray          the Ray executor (workers compute, the driver writes)
+    reaper       what a Ray driver started dies with it, also on a kill -9
     runner       run_experiment: what is left, the executor, the store, progress
+    lock         one writer per results folder (an advisory lock)
+    stream       `--stream`: each step of each run appended to stream.jsonl
     store        run ids, current and stale runs, provenance, load() as pandas
     records      atomic writes, checked reads, bad entries skipped with a warning
     reproduce    reproduce(folder, run_id): one stored run again, bit for bit

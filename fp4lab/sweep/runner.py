@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import math
 import sys
 import threading
@@ -28,17 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from fp4lab.schema import STREAMS
-from fp4lab.sweep import executors
+from fp4lab.sweep import executors, lock
 from fp4lab.sweep import ray as ray_executor
 from fp4lab.sweep import store as results_store
 from fp4lab.sweep.compute import compute_cell
 from fp4lab.sweep.executors import Compute
 from fp4lab.sweep.experiment import Cell, Experiment, ExperimentError
+from fp4lab.sweep.stream import STREAM_FIELDS, STREAM_FILE, Stream
 
 __all__ = [
     "EXECUTORS",
     "FolderTaken",
     "Progress",
+    "STREAM_FIELDS",
+    "STREAM_FILE",
     "batches",
     "check_owner",
     "pending",
@@ -394,15 +396,6 @@ def run_experiment(
         raise ExperimentError(f"executor={executor!r}; allowed: {', '.join(EXECUTORS)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ExperimentError(f"workers={workers!r}; must be an int >= 1")
-    store = results_store.Store(out)
-    check_owner(experiment, store, force)
-    prov = results_store.provenance()
-    todo = pending(experiment, store, rerun_stale, results_store.code_version(prov))
-    store.write_experiment(experiment.manifest())
-    work = batches(todo)
-    n_todo = sum(len(s) for _, s in todo)
-    counts = {"cells": len(experiment.cells), "runs": experiment.n_runs}
-    counts |= {"skipped": experiment.n_runs - n_todo, "done": 0, "failed": 0}
     if progress_every is not None and (
         isinstance(progress_every, bool)
         or not isinstance(progress_every, int)
@@ -411,6 +404,45 @@ def run_experiment(
         raise ExperimentError(f"progress_every={progress_every!r}; must be an int >= 0")
     if stream and progress_every == 0:
         raise ExperimentError("stream=True needs step reports; progress_every=0 turns them off")
+    store = results_store.Store(out)
+    with lock.writer(store.path):  # one writer per results folder (`fp4lab.sweep.lock`)
+        return _sweep(
+            experiment,
+            store,
+            executor,
+            workers,
+            progress,
+            compute,
+            force,
+            rerun_stale,
+            progress_every,
+            stream,
+            executor_options,
+        )
+
+
+def _sweep(
+    experiment,
+    store,
+    executor,
+    workers,
+    progress,
+    compute,
+    force,
+    rerun_stale,
+    progress_every,
+    stream,
+    executor_options,
+) -> dict[str, int]:
+    """`run_experiment` with the folder's writer lock held."""
+    check_owner(experiment, store, force)
+    prov = results_store.provenance()
+    todo = pending(experiment, store, rerun_stale, results_store.code_version(prov))
+    store.write_experiment(experiment.manifest())
+    work = batches(todo)
+    n_todo = sum(len(s) for _, s in todo)
+    counts = {"cells": len(experiment.cells), "runs": experiment.n_runs}
+    counts |= {"skipped": experiment.n_runs - n_todo, "done": 0, "failed": 0}
     in_cell = executor == "local" and (progress or stream)  # compiles shown, steps if asked
     if progress_every is not None and "every" in _parameters(compute):
         compute = functools.partial(compute, every=progress_every)
@@ -427,7 +459,7 @@ def run_experiment(
     )
     if not work:
         bar.update(note="nothing to do")
-    streamer = _Stream(store.path / STREAM_FILE, work) if stream else None
+    streamer = Stream(store.path / STREAM_FILE, work) if stream else None
 
     def on_event(index, event):
         bar.event(index, event)
@@ -456,41 +488,6 @@ def run_experiment(
         if streamer is not None:
             streamer.close()
     return counts
-
-
-STREAM_FILE = "stream.jsonl"
-STREAM_FIELDS = ("time", "run_id", "cell", "step", "loss", "grad_norm", "loss_scale")
-
-
-class _Stream:
-    """The per-step lines of `stream.jsonl`: appended and flushed as the steps arrive."""
-
-    def __init__(self, path: Path, work: list[tuple[Cell, list]]):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(path, "a")  # noqa: SIM115 (open for the sweep's duration)
-        self.lock = threading.Lock()
-        self.ids = []
-        for cell, seeds in work:
-            cfg = cell.config.to_dict()
-            ids = {tuple(int(v) for v in s): results_store.run_id(cfg, s, cell.data) for s in seeds}
-            self.ids.append((cell.label, ids))
-
-    def write(self, index: int, event: dict[str, Any]) -> None:
-        if event.get("event") != "step" or event.get("seed") is None:
-            return
-        cell, ids = self.ids[index]
-        line = {
-            "time": round(time.time(), 3),
-            "run_id": ids.get(tuple(event["seed"])),
-            "cell": cell,
-        }
-        line |= {k: event[k] for k in STREAM_FIELDS[3:] if k in event}
-        with self.lock:
-            self.file.write(json.dumps(line) + "\n")
-            self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
 
 
 def _parameters(fn) -> set[str]:
