@@ -2,9 +2,11 @@
 
 frames      the runs and metrics tables; to_frame and the parsing of telemetry keys
 intervals   Wilson, t and BCa intervals
-crossed     crossed seed streams as random effects: mean squares, generalized intervals
+crossed     crossed seed streams as random effects: mean squares, generalized intervals,
+            each stream's own variance and its exact F-test
+montecarlo  the Monte Carlo error of interval ends drawn at random, and the words read off them
 components  variance components of the seed streams per cell (variance_components)
-verdicts    the verdict table: precision choices against the seed streams' spread
+verdicts    the verdict table: precision choices against each seed stream's own spread
 tables      per-cell tables: divergence rate, loss gap, paired differences, tokens to target
 factors     shares of variance of a main-effects model of the design factors
 labels      readable names of cells and statistics for figures (cell_label, stat_label)

@@ -38,10 +38,9 @@ full interaction's, so their pooled mean square over MS_full is F-distributed. T
 cannot say which stream the full interaction comes from, nor tell a stream apart from
 another that always moves with it (aliased seeds are one factor).
 
-Monte Carlo error. Interval ends are quantiles of draws; `quantile_ends` gives each end's
-Monte Carlo standard error from the order statistics around it (the binomial law of the
-count of draws below a quantile), so a reader and a verdict can see whether an end is
-converged.
+Monte Carlo error. Interval ends are quantiles of draws; `montecarlo.quantile_ends` gives
+each end's Monte Carlo standard error, so a reader and a verdict can see whether an end is
+converged (re-exported here with `Ends`, `side_word` and `MC_SES`).
 
 Unbalanced layouts (a failed run) have no exact mean squares: the mean then gets Owen's
 pigeonhole bootstrap (Owen 2007, Ann. Appl. Stat. 1:246; each stream's levels resampled
@@ -59,6 +58,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from fp4lab.analysis.frames import ok_runs
+from fp4lab.analysis.montecarlo import MC_SES, Ends, quantile_ends, side_word
 from fp4lab.schema import STREAMS
 
 __all__ = [
@@ -84,7 +84,6 @@ __all__ = [
 MIN_LEVELS = 3  # fewer levels of a stream: no interval
 DRAWS = 200_000  # default generalized draws: 5,000 beyond each end of a 95 % interval
 BOOTSTRAPS = 10_000  # at most this many pigeonhole resamples (each weighs every run)
-MC_SES = 3  # a word needs its deciding end this many Monte Carlo standard errors from 0
 ROUNDING = 1e-20  # a sum of squares below this fraction of the total is rounding: exactly 0
 NAN = float("nan")
 
@@ -320,69 +319,6 @@ def quantiles(draws: np.ndarray, level: float) -> tuple[float, float]:
     return float(ends.lo), float(ends.hi)
 
 
-class Ends(NamedTuple):
-    """An interval's ends from draws and the Monte Carlo standard error of each end."""
-
-    lo: float | np.ndarray
-    hi: float | np.ndarray
-    lo_se: float | np.ndarray
-    hi_se: float | np.ndarray
-
-
-def quantile_ends(draws: np.ndarray, level: float) -> Ends:
-    """The (1-level)/2 and (1+level)/2 quantiles of draws (NaN draws left out; all NaN: NaN)
-    and their Monte Carlo standard errors.
-
-    The ends interpolate linearly between order statistics (numpy's default quantile). The
-    standard error of the p-quantile of n draws: the number of draws below it is
-    binomial(n, p), so the order statistics at ranks p(n-1) -+ sqrt(n p (1-p)) bracket it by
-    about one standard error each way, and se = (x_(upper) - x_(lower)) / 2 (Maritz & Jarrett
-    1978 without the Beta weights; distribution-free, no density estimate needed).
-
-    Args:
-      draws: (..., n) draws; leading axes are independent sets. level: central coverage.
-    Returns:
-      Ends(lo, hi, lo_se, hi_se): floats for 1-D draws, else arrays of the leading shape.
-    """
-    x = np.asarray(draws, np.float64)
-    if x.shape[-1] == 0:
-        x = np.full((*x.shape[:-1], 1), NAN)
-    n = np.sum(~np.isnan(x), axis=-1, keepdims=True)
-    last = np.maximum(n - 1, 0)
-    alpha = (1 - level) / 2
-    ends = []
-    for p in (alpha, 1 - alpha):
-        rank, spread = p * last, np.sqrt(n * p * (1 - p))
-        below = np.clip(np.floor(rank - spread), 0, last).astype(np.int64)
-        above = np.clip(np.floor(rank + spread) + 1, 0, last).astype(np.int64)
-        ends.append((rank, below, above))
-    if np.all(n == x.shape[-1]) and x.size:  # no NaN: one partition at the ranks read
-        kth = set()
-        for rank, below, above in ends:
-            floor = np.floor(rank).astype(np.int64)
-            kth |= {int(k) for k in np.ravel(np.concatenate([floor, np.minimum(floor + 1, last)]))}
-            kth |= {int(k) for k in np.ravel(np.concatenate([below, above]))}
-        x = np.partition(x, sorted(kth), axis=-1)
-    else:
-        x = np.sort(x, axis=-1)  # NaN sort last
-
-    def at(index):
-        return np.take_along_axis(x, index, axis=-1)
-
-    out = []
-    for rank, below, above in ends:
-        floor = np.floor(rank).astype(np.int64)
-        frac = rank - floor
-        value = at(floor) + frac * (at(np.minimum(floor + 1, last)) - at(floor))
-        value = np.where(frac > 0, value, at(floor))
-        se = (at(above) - at(below)) / 2
-        out += [np.where(n == 0, NAN, value)[..., 0], np.where(n == 0, NAN, se)[..., 0]]
-    lo, lo_se, hi, hi_se = out
-    if np.ndim(lo) == 0:
-        return Ends(float(lo), float(hi), float(lo_se), float(hi_se))
-    return Ends(lo, hi, lo_se, hi_se)
-
-
 class MeanInterval(NamedTuple):
     """Mean over a crossed layout, its interval, and how the interval was made (or why not)."""
 
@@ -433,19 +369,6 @@ def mean_interval(
     half = scipy_stats.t.ppf(0.5 + level / 2, fewest - 1) * np.nanstd(boots, ddof=1)
     se = half / np.sqrt(2 * (np.sum(np.isfinite(boots)) - 1))  # of a standard deviation
     return MeanInterval(estimate, estimate - half, estimate + half, "pigeonhole", se, se)
-
-
-def side_word(lo: float, hi: float, lo_se: float = 0.0, hi_se: float = 0.0) -> str:
-    """The word of an interval of a difference: "higher" / "lower" when it excludes 0, "no
-    evidence" when it contains 0, each only when the deciding end is more than `MC_SES`
-    Monte Carlo standard errors (`quantile_ends`) from 0; else "undecided" (more draws decide)."""
-    if lo > MC_SES * lo_se:
-        return "higher"
-    if hi < -MC_SES * hi_se:
-        return "lower"
-    if lo < -MC_SES * lo_se and hi > MC_SES * hi_se:
-        return "no evidence"
-    return "undecided"
 
 
 def paired_layout(a: pd.DataFrame, b: pd.DataFrame, outcome: str, streams: Sequence[str]):
