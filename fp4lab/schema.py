@@ -1,6 +1,7 @@
 """The names every layer shares, defined once; no dependencies.
 
-    STREAMS        the independent seed streams of a run: init, data, quant
+    STREAMS        the independent seed streams of a run: init, data, quant; SEED_LIMIT bounds
+                   their seeds
     GEMMS          the three GEMMs of a linear layer's training step, and OPERANDS[gemm] their two
                    operands (`fprop_x`, ... are `operand_name(gemm, operand)`)
     BACKWARD_MODES what the backward GEMMs consume (docs/architecture.md §3)
@@ -37,6 +38,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "STREAMS",
     "SEED_COLUMNS",
+    "SEED_LIMIT",
     "GEMMS",
     "OPERANDS",
     "OPERAND_NAMES",
@@ -68,6 +70,9 @@ __all__ = [
 
 STREAMS = ("init", "data", "quant")
 SEED_COLUMNS = tuple(f"seed_{s}" for s in STREAMS)  # a stream's seed in a runs table
+# a stream's seed lies in [0, SEED_LIMIT): jax.random.key(seed) keeps the seed's low 32 bits,
+# so 2**32 + 1 (or -1) would give the stream of 1 (of 2**32 - 1) under another run id
+SEED_LIMIT = 2**32
 
 GEMMS = ("fprop", "dgrad", "wgrad")
 OPERANDS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("x", "dy")}

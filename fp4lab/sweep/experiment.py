@@ -12,11 +12,12 @@ An experiment file is plain Python with two functions:
 `add(label=None, seeds=None, **overrides)` adds a cell: the base config with `overrides`. `seeds`
 is an int n (seeds 0..n-1, the same integer in every stream), a dict {"init": [...],
 "data": [...], "quant": [...]} (the product of the lists; a missing stream is [0]), or a list
-of (init, data, quant) triples. A module-level `SEEDS` sets the default (else 1). Everything is
-validated when the file is loaded, before anything runs; errors name the file, the line of the
-`add` call, the field and the allowed values. An optional `analyze(results)` returns
-{name: DataFrame}: the experiment's own tables, which `fp4lab run` prints and writes to
-`<out>/<name>.csv` once the sweep is done.
+of (init, data, quant) triples; a seed lies in [0, 2**32) (`fp4lab.schema.SEED_LIMIT`). A
+module-level `SEEDS` sets the default (else 1). Two cells of one config are an error (one
+config, one label). Everything is validated when the file is loaded, before anything runs;
+errors name the file, the line of the `add` call, the field and the allowed values. An
+optional `analyze(results)` returns {name: DataFrame}: the experiment's own tables, which
+`fp4lab run` prints and writes to `<out>/<name>.csv` once the sweep is done.
 
 Recipes are names or values (`fp4lab.train.config`): the file can write its own,
 
@@ -56,8 +57,8 @@ from typing import Any
 
 from fp4lab.core.recipes import GemmRecipe
 from fp4lab.core.spec import QuantSpec
-from fp4lab.schema import STREAMS, did_you_mean
-from fp4lab.sweep.store import data_hashes, run_id
+from fp4lab.schema import SEED_LIMIT, STREAMS, did_you_mean
+from fp4lab.sweep.store import config_id, data_hashes, run_id
 from fp4lab.train import own
 from fp4lab.train.config import Config, ConfigError, jsonable, make
 
@@ -138,8 +139,8 @@ def seed_triples(seeds) -> tuple[tuple[int, int, int], ...]:
     if isinstance(seeds, bool):
         raise ExperimentError(f"seeds={seeds!r}; allowed: an int, a dict or a list of triples")
     if isinstance(seeds, int):
-        if seeds < 1:
-            raise ExperimentError(f"seeds={seeds}; must be >= 1")
+        if not 1 <= seeds <= SEED_LIMIT:
+            raise ExperimentError(f"seeds={seeds}; must be >= 1 and <= {SEED_LIMIT}")
         return tuple((i, i, i) for i in range(seeds))
     if isinstance(seeds, dict):
         bad = sorted(set(seeds) - set(STREAMS))
@@ -151,7 +152,7 @@ def seed_triples(seeds) -> tuple[tuple[int, int, int], ...]:
                 isinstance(v, int) and not isinstance(v, bool) for v in values
             ):
                 raise ExperimentError(f"seeds[{s!r}]={values!r}; must be a non-empty list of ints")
-        return tuple(itertools.product(*lists))
+        return _in_range(tuple(itertools.product(*lists)))
     try:
         triples = tuple(tuple(int(v) for v in t) for t in seeds)
     except (TypeError, ValueError):
@@ -161,6 +162,18 @@ def seed_triples(seeds) -> tuple[tuple[int, int, int], ...]:
             f"seeds={seeds!r}; allowed: an int n, {{'init': [...], 'data': [...], "
             "'quant': [...]}, or a list of (init, data, quant) triples"
         )
+    return _in_range(triples)
+
+
+def _in_range(triples: tuple) -> tuple:
+    """`triples`, if every seed is in [0, SEED_LIMIT): a stream's key keeps a seed's low 32
+    bits, so a seed outside would repeat the stream of one inside under another run id."""
+    for v in (v for t in triples for v in t):
+        if not 0 <= v < SEED_LIMIT:
+            raise ExperimentError(
+                f"seed {v} is outside [0, {SEED_LIMIT - 1}]: a stream's key keeps a seed's low "
+                f"32 bits, so it would repeat the stream of seed {v % SEED_LIMIT}"
+            )
     return triples
 
 
@@ -248,6 +261,8 @@ def load_experiment(
     path = Path(path)
     if not path.is_file():
         raise ExperimentError(f"{path}: no such experiment file")
+    if path.suffix != ".py":
+        raise ExperimentError(f"{path}: an experiment file is a Python file; name it *.py")
     spec = importlib.util.spec_from_file_location(f"fp4lab_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
@@ -313,6 +328,7 @@ def load_experiment(
     if dupes:
         why = f" (the overrides {_label(forced)} replace the cells' own values)" if forced else ""
         raise ExperimentError(f"{path}: cells with the same label {dupes}{why}")
+    _one_label_per_config(path, cells)
     name = getattr(module, "NAME", path.stem)
     analyze = getattr(module, "analyze", None)
     if analyze is not None and not callable(analyze):
@@ -325,6 +341,19 @@ def load_experiment(
         analyze=analyze,
         overrides=forced,
     )
+
+
+def _one_label_per_config(path: Path, cells: list[Cell]) -> None:
+    """Raises when two cells have the same config (and data): their runs would be one
+    experiment's runs under two labels."""
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        first = seen.setdefault(config_id(cell.config.to_dict(), cell.data), cell)
+        if first is not cell:
+            raise ExperimentError(
+                f"{path}: cells {first.label!r} ({first.where or '?'}) and {cell.label!r} "
+                f"({cell.where or '?'}) have the same config; give one cell all its seeds"
+            )
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:

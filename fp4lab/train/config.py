@@ -169,8 +169,8 @@ class Config:
     # sums) or "reference" (the jnp formulas: what runs recorded before "fused" existed)
     telemetry_stats: str = "fused"
     eval_batches: int = 8  # held-out batches at the end (0: final loss = last 10 % of train)
-    spike_factor: float = 5.0  # divergence: loss above this many times the running median
-    spike_window: int = 20  # ... of the last this many steps
+    spike_factor: float = 5.0  # divergence: loss above this many times the first loss or the
+    spike_window: int = 20  # ... median of the last this many steps (fp4lab.train.divergence)
     stop_on_divergence: bool = False  # freeze the run at its first divergence (else carry on)
     target_loss: float | None = None  # tokens-to-target threshold on the smoothed train loss
     target_gap: float | None = None  # ... or this far above the task's floor
@@ -240,10 +240,14 @@ class Config:
             if not isinstance(item, list | tuple) or len(item) != 2:
                 raise ConfigError(f"Config.phases[{i}]={item!r}; allowed: (start, recipe or dict)")
             start, change = item
-            if isinstance(start, bool) or not isinstance(start, int | float) or start <= 0:
+            if (
+                isinstance(start, bool)
+                or not isinstance(start, int | float)
+                or not (0 < start < 1 or (start >= 1 and float(start).is_integer()))
+            ):
                 raise ConfigError(
-                    f"Config.phases[{i}] start={start!r}; allowed: a step >= 1 or a fraction in "
-                    "(0, 1)"
+                    f"Config.phases[{i}] start={start!r}; allowed: a step (a whole number >= 1) "
+                    "or a fraction of the steps in (0, 1)"
                 )
             if isinstance(change, str | GemmRecipe):
                 change = {"recipe": change}
@@ -270,10 +274,10 @@ class Config:
                 change["rules"] = _rules(f"phases[{i}].rules", change["rules"])
             out.append((start, tuple(sorted(change.items()))))
         starts = [self.phase_start(s) for s, _ in out]
-        if starts != sorted(set(starts)) or any(s >= self.steps for s in starts):
+        if starts != sorted(set(starts)) or any(not 1 <= s < self.steps for s in starts):
             raise ConfigError(
                 f"Config.phases starts {starts} (in steps): must increase and be < steps="
-                f"{self.steps}"
+                f"{self.steps} (and >= 1)"
             )
         return tuple(out)
 

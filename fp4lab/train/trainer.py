@@ -21,9 +21,9 @@ step is a body of its own and the steps between are plain ones; telemetry every 
 inline, without the lax.cond. Loss scaling multiplies the loss before differentiation and
 divides the gradients after; the dynamic rule halves the scale and skips the update on a
 non-finite gradient and doubles it after `growth_interval` finite steps. Divergence (the first
-non-finite loss, or a loss above `spike_factor` times the median of the last `spike_window`
-losses) is recorded, not raised; with `stop_on_divergence` the run freezes there and later losses
-read NaN.
+non-finite loss, or a loss above `spike_factor` times the first loss or times the median of the
+last `spike_window` losses: `fp4lab.train.divergence`) is recorded, not raised; with
+`stop_on_divergence` the run freezes there and later losses read NaN.
 
 `train(keys)` returns arrays: loss, grad_norm and loss_scale per step; eval_loss (held-out,
 under the last phase's recipe, at the end) and eval_hp (the same weights and batches under a
@@ -53,7 +53,7 @@ from fp4lab.core import recipes
 from fp4lab.core.spec import QuantSpec
 from fp4lab.nnx import telemetry
 from fp4lab.nnx.rules import Rule, quantize_model
-from fp4lab.schema import STREAMS
+from fp4lab.schema import SEED_LIMIT, STREAMS
 from fp4lab.train import divergence, loss_scaling
 from fp4lab.train.config import Config
 from fp4lab.train.tasks import Task, eval_batch, init_model, make_task, train_batch
@@ -70,8 +70,13 @@ __all__ = [
 
 def make_keys(init: int = 0, data: int = 0, quant: int = 0) -> dict[str, jax.Array]:
     """The three streams from three integer seeds. Stream s of seed n is
-    fold_in(key(n), index of s): equal integers in two streams still give independent keys."""
+    fold_in(key(n), index of s): equal integers in two streams still give independent keys.
+    A seed lies in [0, 2**32) (`fp4lab.schema.SEED_LIMIT`): `jax.random.key` keeps its low 32
+    bits, so one outside would repeat a stream inside; an int outside raises ValueError."""
     seeds = {"init": init, "data": data, "quant": quant}
+    for s, n in seeds.items():
+        if isinstance(n, int) and not 0 <= n < SEED_LIMIT:
+            raise ValueError(f"make_keys: {s}={n} is outside [0, {SEED_LIMIT - 1}]")
     return {s: jax.random.fold_in(jax.random.key(seeds[s]), i) for i, s in enumerate(STREAMS)}
 
 
