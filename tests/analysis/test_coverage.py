@@ -103,3 +103,21 @@ def test_every_printed_interval_covers_at_its_level(design, level):
     bad = {name: count for name, count in misses.items() if count > hi}
     assert len(misses) == len(truth)  # every printed statistic was checked
     assert not bad, f"{design} at {level:.4f}: more misses than {hi} of {SIMS}: {bad}"
+
+
+@pytest.mark.parametrize("level", LEVELS, ids=["95%", "bonferroni"])
+def test_the_contrast_of_two_cells_paired_on_shared_seeds_covers(level):
+    """The verdict's fixed rows: cell b = cell a's seed effects + its own crossed effects +
+    0.3, paired on the shared seeds (`crossed.paired_layout`) and `crossed.mean_interval`."""
+    levels, shared_sd = (5, 4, 6), (1.0, 0.7, 0.5, 0.5, 0.8, 0.3, 0.4)
+    own_sd = (0.2, 0.1, 0.4, 0.0, 0.3, 0.1, 0.5)  # b's own reaction to the seeds
+    misses = 0
+    for r in range(SIMS):
+        a = crossed_cell("a", levels, shared_sd, 50_000 + r)
+        b = crossed_cell("b", levels, shared_sd, 50_000 + r, offset=0.3)
+        b["loss_gap"] += crossed_cell("b", levels, own_sd, 90_000 + r)["loss_gap"]
+        d, lay = crossed.paired_layout(a, b, "loss_gap", ("init", "data", "quant"))
+        interval = crossed.mean_interval(d, lay, level=level, draws=DRAWS[level], seed=r)
+        misses += not interval.lo <= 0.3 <= interval.hi
+    lo, hi = band(SIMS, 1 - level)
+    assert misses <= hi, f"{misses} misses of {SIMS} at {level:.4f}; band [{lo}, {hi}]"
