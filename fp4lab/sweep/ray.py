@@ -22,25 +22,37 @@ What can go wrong, and what happens:
   for until each has ended, a Ray instance this call started is shut down, and
   KeyboardInterrupt is re-raised. Finished runs are already on disk; the next `fp4lab run`
   skips them and computes the rest.
+- an address where no Ray cluster answers: one line at once (`check_address`), not Ray's minutes
+  of retries.
+- a `kill -9` of the driver: the Ray processes this call started (a local instance) end within
+  a second or so, the agents Ray itself would leave for a minute included
+  (`fp4lab.sweep.reaper`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from fp4lab.sweep import reaper
 from fp4lab.sweep.executors import Compute, Finish, attempt
 
-__all__ = ["RayNotInstalled", "import_ray", "run", "cancel"]
+__all__ = ["RayNotInstalled", "RayUnreachable", "check_address", "import_ray", "run", "cancel"]
 
 INSTALL = "pip install 'fp4lab[ray]'"
 
 
 class RayNotInstalled(ModuleNotFoundError):
     """The ray executor was asked for, but Ray cannot be imported in this environment."""
+
+
+class RayUnreachable(ConnectionError):
+    """The Ray cluster named by an address cannot be reached (or the address is malformed)."""
 
 
 def import_ray():
@@ -87,6 +99,8 @@ def run(
 
     Raises:
       RayNotInstalled: Ray cannot be imported here.
+      RayUnreachable: `address` takes no connection (at once, or within about 40 s when its port
+        answers but is not a Ray head).
       KeyboardInterrupt: re-raised after cancelling the outstanding tasks.
     """
     ray = import_ray()
@@ -97,10 +111,20 @@ def run(
     if not todo:
         return
     connected_here = not ray.is_initialized()
+    watchdog = None
     if connected_here:
-        with warnings.catch_warnings():  # Ray starts its processes by fork+exec, safe with jax
-            warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
-            ray.init(address=address)
+        check_address(address)
+        watchdog = reaper.watch()  # what this call starts dies with this process (module doc)
+        try:
+            with warnings.catch_warnings(), _one_connect_try(address):
+                warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)  # fork+exec: safe
+                ray.init(address=address)
+        except BaseException as e:
+            watchdog.close()
+            if address is None or not isinstance(e, Exception):
+                raise
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise RayUnreachable(f"cannot connect to the Ray cluster at {address}: {why}") from e
     task = ray.remote(attempt).options(
         num_cpus=num_cpus, num_gpus=num_gpus, max_retries=max_retries, retry_exceptions=False
     )
@@ -121,7 +145,46 @@ def run(
         raise
     finally:
         if connected_here:
-            ray.shutdown()
+            try:
+                ray.shutdown()
+            finally:
+                watchdog.close()
+
+
+def check_address(address: str | None, timeout_s: float = 10.0) -> None:
+    """Raises RayUnreachable, in one line, when `address` ("HOST:PORT", or "ray://HOST:PORT")
+    names a port that does not take a TCP connection within `timeout_s`. Ray itself would
+    retry it for minutes. None reads RAY_ADDRESS as Ray does; "auto" and "local" (and no
+    address at all) are Ray's own choices and pass."""
+    address = os.environ.get("RAY_ADDRESS") if address is None else address
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.split("://")[-1].rpartition(":")
+    if not host or not port.isdigit():
+        raise RayUnreachable(f"--address {address!r}: give HOST:PORT, e.g. 10.0.0.1:6379")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+        raise RayUnreachable(
+            f"cannot reach the Ray cluster at {address}: {why} (is `ray start --head` "
+            "running there, and is the port open?)"
+        ) from None
+
+
+@contextlib.contextmanager
+def _one_connect_try(address: str | None):
+    """A port that answers but is not a Ray head: one try of Ray's connect loop (about 40 s)
+    instead of 20, unless RAY_gcs_server_port_wait_time_s is set (Ray reads it there)."""
+    name = "RAY_gcs_server_port_wait_time_s"
+    if address is None or name in os.environ:
+        yield
+        return
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 def cancel(ray, refs: list, timeout_s: float = 30.0) -> None:
