@@ -23,9 +23,10 @@ and 1.43x over 700-799, so the gap grows relative to the loss, not as a hard sta
 switches (step 800): forward in BF16 brings the held-out gap from 0.088 [0.084, 0.091] to
 0.069 [0.067, 0.070] (t-intervals over the 4 seeds; everything in BF16: 0.068; BF16
 throughout: 0.060), backward in BF16 changes nothing (0.088 [0.084, 0.092]), as NVIDIA
-report; about 40 % of the forward's recovery is the change of measurement (results/README.md). The gnr says why: with the forward in BF16 it jumps
-to 3.3-7.6 at once, with the backward in BF16 it stays at 1.0-1.2, so in this MLP the error of
-the quantized forward, not of the backward GEMMs, dominates the gradient's error.
+report; about 40 % of the forward's recovery is the change of measurement (results/README.md).
+The gnr says why: with the forward in BF16 it jumps to 3.3-7.8 at once, with the backward in
+BF16 it stays at 0.95-1.2, so in this MLP the error of the quantized forward, not of the
+backward GEMMs, dominates the gradient's error.
 """
 
 from fp4lab import analysis
