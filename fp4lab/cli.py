@@ -75,7 +75,7 @@ def compile_cache_folder() -> Path:
 def _run(args) -> int:
     from fp4lab import sweep
     from fp4lab.stderr_filter import filter_stderr
-    from fp4lab.sweep import runner, store
+    from fp4lab.sweep import failures, runner, store
     from fp4lab.sweep.compute import use_compile_cache
 
     if not args.no_compile_cache:
@@ -102,6 +102,7 @@ def _run(args) -> int:
             print(
                 f"  {cell.label}  seeds(init/data/quant) {seeds}  [{done}/{len(cell.seeds)} done]"
             )
+        failures.check_cells(exp.cells)  # each cell's run traced for shapes: fails at its start?
         return 0
     options = {}
     if args.executor == "ray":
@@ -134,9 +135,9 @@ def _run(args) -> int:
     results = store.load(out)
     _print_summary(results, exp.name)
     analyze_failed = False
-    if exp.analyze is not None and not results.runs.empty:
+    if exp.analyze is not None and not failures.no_finished(results):
         analyze_failed = _analyze(exp, results, out)
-    if not args.no_figures and not results.runs.empty:
+    if not args.no_figures and not failures.no_finished(results):
         from fp4lab.analysis import plots
 
         written = plots.standard_figures(results, out / "figures")
@@ -174,24 +175,24 @@ def _print_summary(results, name: str) -> None:
     import pandas as pd
 
     from fp4lab.analysis import report
+    from fp4lab.sweep import failures
 
     if results.runs.empty:
         print("no finished runs")
         return
-    if not (results.runs["status"] == "ok").any():  # no summary to tabulate: say why
-        failed = results.runs
-        print(f"\n{name}: no run finished; {len(failed)} failed")
-        if "error" in failed:
-            first = str(failed["error"].dropna().iloc[0]) if failed["error"].notna().any() else ""
-            print("first error: " + (first.strip().splitlines() or ["(none recorded)"])[-1])
+    if failures.no_finished(results):  # no summary to tabulate: say why
+        print(f"\n{name}: no run finished; {failures.first(results)}")
         return
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(f"\n{name}: per cell, intervals over seeds (95 %)")
         print(report.cell_table(results.runs).to_string(index=False))
+    if failed := failures.first(results):
+        print(failed)
 
 
 def _ls(args) -> int:
     from fp4lab.sweep import store
+    from fp4lab.sweep.cells import checked
 
     path = Path(args.results)
     folders = [path] if (path / "runs").exists() else sorted(p.parent for p in path.glob("*/runs"))
@@ -203,14 +204,16 @@ def _ls(args) -> int:
         manifest = st.experiment() or {}
         records = {r["run_id"]: r for r in st.records()}
         print(f"{folder}  ({manifest.get('name', folder.name)})")
-        cells = manifest.get("cells") or _cells_of(store.label_runs(list(records.values()), {}))
-        for cell in cells:
+        listed = manifest.get("cells") and checked(manifest, [*records.values()], store.config_id)
+        current = {rid for c in listed or () for rid in c["run_ids"]} or records  # as store.load
+        if current is records:  # no manifest, or one that pools no run: the records' labels
+            listed = _cells_of(store.label_runs([*records.values()], {}))
+        for cell in listed:
             rs = [records.get(r) for r in cell["run_ids"]]
             ok = sum(r is not None and r["status"] == "ok" for r in rs)
             failed = sum(r is not None and r["status"] == "failed" for r in rs)
             missing = len(rs) - ok - failed
             print(f"  {cell.get('label', '?'):40s} ok {ok}  failed {failed}  missing {missing}")
-        current = st.current_ids(manifest) if manifest else records
         stale = sum(rid not in current for rid in records)
         if stale:
             print(f"  stale: {stale} runs the experiment file no longer asks for (show --stale)")
@@ -282,20 +285,23 @@ def _warn_mixed_code(results, folder) -> None:
 
 def _plot(args) -> int:
     from fp4lab.analysis import plots
-    from fp4lab.sweep import store
+    from fp4lab.sweep import failures, store
 
     results = store.load(_results_folder(args.results))
+    if failures.no_finished(results):
+        return _no_runs("plot", args.results, failures.first(results))
     out = Path(args.out) if args.out else Path(args.results) / "figures"
     for path in plots.standard_figures(results, out):
         print(path)
     return 0
 
 
-def _no_runs(command: str, folder: str) -> int:
+def _no_runs(command: str, folder: str, failed: str | None = None) -> int:
     """The error of a command that needs finished runs in a results folder that has none."""
+    what = f"no finished run ({failed})" if failed else "no runs of its experiment yet"
     print(
-        f"fp4lab {command}: error: {folder} holds no runs of its experiment yet; nothing "
-        f"to {command} (fp4lab ls {folder})",
+        f"fp4lab {command}: error: {folder} holds {what}; nothing to {command} (fp4lab ls "
+        f"{folder})",
         file=sys.stderr,
     )
     return 1
@@ -303,22 +309,22 @@ def _no_runs(command: str, folder: str) -> int:
 
 def _report(args) -> int:
     from fp4lab.analysis import report
-    from fp4lab.sweep import store
+    from fp4lab.sweep import failures, store
 
     results = store.load(_results_folder(args.results))
-    if results.runs.empty:
-        return _no_runs("report", args.results)
+    if failures.no_finished(results):
+        return _no_runs("report", args.results, failures.first(results))
     print(report.write_report(results, args.out or args.results))
     return 0
 
 
 def _export(args) -> int:
     from fp4lab.analysis import export
-    from fp4lab.sweep import store
+    from fp4lab.sweep import failures, store
 
     results = store.load(_results_folder(args.results))
-    if results.runs.empty:
-        return _no_runs("export", args.results)
+    if failures.no_finished(results):
+        return _no_runs("export", args.results, failures.first(results))
     out = Path(args.out) if args.out else Path(args.results) / "tensorboard"
     try:
         folders = export.tensorboard(results, out)
@@ -420,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(grad/) and the drift of each layer's activations and gradients (acc/); the same as "
         "--set telemetry_every=K --set shadow=True",
     )
-    run.add_argument("--dry-run", action="store_true", help="list the cells and stop")
+    run.add_argument("--dry-run", action="store_true", help="list the cells, trace each, stop")
     run.add_argument(
         "--executor",
         choices=("local", "ray"),

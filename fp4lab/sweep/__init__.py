@@ -10,6 +10,8 @@
     lock         one writer per results folder (an advisory lock)
     stream       `--stream`: each step of each run appended to stream.jsonl
     store        run ids, current and stale runs, provenance, load() as pandas
+    cells        the manifest's cells checked against the records: what each label pools
+    failures     why runs fail, in one line: before they run (--dry-run traces) and after
     records      atomic writes, checked reads, bad entries skipped with a warning
     reproduce    reproduce(folder, run_id): one stored run again, bit for bit
     own          fp4lab.own: your model, loss and data from Python (train, sweep)

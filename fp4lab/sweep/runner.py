@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fp4lab.schema import STREAMS
-from fp4lab.sweep import executors, lock
+from fp4lab.sweep import executors, failures, lock
 from fp4lab.sweep import ray as ray_executor
 from fp4lab.sweep import store as results_store
 from fp4lab.sweep.compute import compute_cell
@@ -217,9 +217,8 @@ class Progress:
             if index is not None and index not in self.rates:  # no step reports: the batch's
                 self.rates[index] = el * self.parallel / max(sum(self.done_steps), 1)  # pace
             eta = _dur(self.eta()) if self.cells < self.n_cells else "0s"
-            head = ""
-            if index is not None:
-                head = f"{self.labels[index]}: {note or 'done'}, {self.last} | "
+            shown = f", loss {loss:.4f}" if loss is not None else ""  # this batch's, if any
+            head = f"{self.labels[index]}: {note or 'done'}{shown} | " if index is not None else ""
             tail = f" {note}" if note and index is None else ""
             self._say(
                 f"{head}sweep {self.cells}/{self.n_cells} batches, {self.runs}/{self.n_runs} "
@@ -472,7 +471,7 @@ def _sweep(
         counts["failed" if error else "done"] += len(seeds)
         loss = None if error else results[-1]["summary"]["final_loss"]
         index = next(i for i, (c, s) in enumerate(work) if c is cell and s is seeds)
-        note = "failed" if error else ""
+        note = f"failed: {failures.reason(error)}" if error else ""
         bar.update(cells=1, runs=len(seeds), loss=loss, note=note, index=index)
 
     sink = on_event if in_cell else None

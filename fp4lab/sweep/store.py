@@ -61,6 +61,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fp4lab.schema import RECORDED_BEFORE, SEED_COLUMNS, STREAMS
+from fp4lab.sweep.cells import checked
 from fp4lab.sweep.records import (
     SCHEMA,
     CorruptRecord,
@@ -328,14 +329,12 @@ class Store:
                 out.append(_with_metrics(record, self.runs_dir) if metrics else record)
         return out
 
-    def current_ids(self, manifest: dict[str, Any] | None = None) -> dict[str, str]:
-        """{run id: cell label} of the manifest's cells (empty without a manifest)."""
+    def current_ids(self, manifest: dict[str, Any] | None = None, records=None) -> dict[str, str]:
+        """{run id: cell label} of the manifest's cells (empty without one) as the records bear
+        them out (`fp4lab.sweep.cells.checked`); `records`: the folder's, when already read."""
         manifest = self.experiment() if manifest is None else manifest
-        return {
-            rid: c.get("label", "?")
-            for c in (manifest or {}).get("cells", [])
-            for rid in c["run_ids"]
-        }
+        records = self.records(metrics=False) if records is None and manifest else records or []
+        return {r: c["label"] for c in checked(manifest, records, config_id) for r in c["run_ids"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,7 +401,7 @@ def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
     store = Store(p)
     manifest = store.experiment()
     records = store.records(metrics=False)
-    current = store.current_ids(manifest)
+    current = store.current_ids(manifest, records)
     n_stale = sum(r["run_id"] not in current for r in records) if current else 0
     rows, parts, prov, fields = [], [], [], {}
     for r, label in label_runs(records, current, stale):
