@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.analysis import crossed
+from fp4lab.analysis.columns import require
 from fp4lab.schema import STREAMS
 
 __all__ = ["variance_components", "reml_components", "stream_totals", "cell_draws"]
@@ -132,6 +133,8 @@ def variance_components(
     """
     if method not in METHODS:
         raise ValueError(f"variance_components: method={method!r}; allowed: {METHODS}")
+    need = (by, "status", outcome, *(f"seed_{s}" for s in streams))
+    require(runs, need, "variance_components")
     rows = []
     for cell, group in runs.groupby(by, sort=False):
         y, lay, ok = cell_draws(group, outcome, streams)

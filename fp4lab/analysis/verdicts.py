@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.analysis import components, crossed
+from fp4lab.analysis.columns import require
 from fp4lab.schema import STREAMS
 
 __all__ = ["verdict", "design_factor"]
@@ -119,6 +120,7 @@ def verdict(
       involved), in_seed_sd, evidence.
       attrs: outcome, level, comparisons (m), row_level, correction.
     """
+    require(runs, (by, "status", outcome, *(f"seed_{s}" for s in streams)), "verdict")
     cells = {c: g for c, g in runs.groupby(by, sort=False)}
     if baseline is not None and baseline not in cells:
         raise ValueError(f"verdict: baseline={baseline!r} is no {by}; have {list(cells)}")

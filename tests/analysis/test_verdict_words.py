@@ -10,6 +10,7 @@ from crossed_design import crossed_cell  # tests/analysis/crossed_design.py
 
 from fp4lab import analysis
 from fp4lab.analysis import crossed
+from fp4lab.analysis.columns import MissingColumn
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 # component SDs: init, data, quant, init:data, init:quant, data:quant, residual
@@ -88,3 +89,12 @@ def test_committed_verdict_words_do_not_depend_on_the_monte_carlo_seed(name):
     assert {"lo_mcse", "hi_mcse", "redraw_mcse", "share_mcse", "p"} <= set(committed.columns)
     words = [analysis.verdict(outcomes, "loss_gap", seed=s)["verdict"].tolist() for s in (0, 7)]
     assert words[0] == words[1] == committed["verdict"].tolist()
+
+
+@pytest.mark.parametrize("column", ["seed_quant", "loss_gap", "cell", "status"])
+def test_a_missing_column_is_one_line_naming_it(column):
+    runs = crossed_cell("c", (3, 3, 3), SHARED_ONLY, 0).drop(columns=[column])
+    for function in (analysis.verdict, analysis.variance_components):
+        with pytest.raises(MissingColumn, match=f"{function.__name__}: .* {column!r}") as err:
+            function(runs, "loss_gap")
+        assert "\n" not in str(err.value)
