@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from fp4lab import cli, sweep
-from fp4lab.sweep import runner
+from fp4lab.sweep import failures, runner
 
 BASE = """
 from fp4lab.train.config import Config
@@ -49,6 +49,20 @@ def test_dry_run_of_cells_that_trace_passes(tmp_path, capsys):
     path.write_text(BASE.format(width=32))
     assert cli.main(["run", str(path), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_dry_run_traces_only_the_cells_with_runs_left(tmp_path, capsys, monkeypatch):
+    path, out = tmp_path / "exp.py", tmp_path / "o"
+    path.write_text(BASE.format(width=32))
+
+    def finished(config, seeds):
+        return [{"summary": {"final_loss": 1.0}, "series": {}, "wall_s": 0.0} for _ in seeds]
+
+    sweep.run_experiment(sweep.load_experiment(path), out, progress=False, compute=finished)
+    traced = []
+    monkeypatch.setattr(failures, "check_cell", traced.append)
+    assert cli.main(["run", str(path), "--out", str(out), "--dry-run"]) == 0
+    assert "[1/1 done]" in capsys.readouterr().out and traced == []
 
 
 # ---------------------------------------------------------------------------------------------
