@@ -66,13 +66,16 @@ def test_swapped_labels_warn_and_pool_nothing_of_another_config(folder, capsys):
         cells[0]["label"], cells[1]["label"] = cells[1]["label"], cells[0]["label"]
 
     edit_manifest(folder, swap)
-    with pytest.warns(UserWarning, match="experiment.json: cell 'recipe=nvfp4' lists 2 runs"):
+    with pytest.warns(UserWarning) as caught:
         assert cli.main(["show", str(folder)]) == 0
+    said = sorted(str(w.message).split(" of another")[0] for w in caught)
+    assert said == [f"experiment.json: cell 'recipe={r}' lists 2 runs" for r in ("bf16", "nvfp4")]
     text = capsys.readouterr()
     rows = {line.split()[0]: line for line in text.out.splitlines() if "recipe=" in line}
     assert "2.01" in rows["recipe=nvfp4"] and "1.02" in rows["recipe=bf16"]
-    with pytest.warns(UserWarning, match="lists 2 runs of another config"):
+    with pytest.warns(UserWarning, match="lists 2 runs of another config") as caught:
         runs = store.load(folder).runs
+    assert len(caught) == 2
     for cell, recipe in zip(runs["cell"], runs["recipe"], strict=True):
         assert cell == f"recipe={recipe}"  # never BF16's numbers under recipe=nvfp4
 
