@@ -161,7 +161,7 @@ def test_experiment_analyze_tables_are_written_and_printed(tmp_path, capsys):
     assert cli.main(["run", str(path), "--out", str(out), "--quiet", "--no-figures"]) == 0
     assert "paired (" in capsys.readouterr().out
     table = (out / "paired.csv").read_text().splitlines()
-    assert table[0] == "cell,pairs,diff,diff_lo,diff_hi,verdict" and len(table) == 3
+    assert table[0] == "cell,pairs,diff,diff_lo,diff_hi,diff_mcse,verdict" and len(table) == 3
     assert cli.main(["report", str(out)]) == 0  # the report shows the experiment's tables
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "<h3>paired.csv</h3>" in page and "recipe=bf16" in page.split("paired.csv")[1]
