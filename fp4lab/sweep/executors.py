@@ -178,23 +178,25 @@ def run_processes(
     (module docstring); on any exception here they are terminated first.
 
     A worker process that dies (a `kill -9`, an out-of-memory kill, a segfault) breaks the pool:
-    its batch and the others in flight are lost. The pool is started again and the lost batches
-    retried, each at most `max_retries` times (one line on stderr says so); a batch lost more
-    often is finished as failed with a message saying how often, and the sweep goes on. At most
-    `workers` batches are in flight, so a lost batch is one that was computing.
+    the batches in flight (at most `workers`) are lost, and a new pool is started. Which of them
+    lost its worker is unknown, so after such a break each of them runs again alone; a batch
+    whose worker dies while it runs alone is retried at most `max_retries` times, then finished
+    as failed with a message saying so, and the sweep goes on. Each break is one line on stderr.
     """
     ctx = mp.get_context("spawn")  # a fresh jax per worker (fork after jax init is unsafe)
     before = set(mp.active_children())
     report = progress is not None and takes_progress(compute)
     left = collections.deque(range(len(todo)))  # indices of the batches still to compute
-    lost = [0] * len(todo)  # how often each batch's pool broke under it
+    alone: collections.deque = collections.deque()  # lost ones: each runs by itself next
+    lost = [0] * len(todo)  # how often each batch's worker died while it ran alone
     pool = None
     try:
-        while left:
+        while left or alone:
+            queue, width = (alone, 1) if alone else (left, workers)
             # a fresh queue per pool: a worker killed while it wrote may leave a queue locked
             events = ctx.Queue() if report else None
             pool = cf.ProcessPoolExecutor(
-                max_workers=workers,
+                max_workers=width,
                 mp_context=ctx,
                 initializer=_start_worker,
                 initargs=(os.getpid(), events),
@@ -205,28 +207,31 @@ def run_processes(
                     target=_pass_on, args=(events, progress, stop), name="progress", daemon=True
                 ).start()
             try:
-                broken = _drain(pool, todo, left, finish, compute, workers, report)
+                broken = _drain(pool, todo, queue, finish, compute, width, report)
             finally:
                 stop.set()
             pool.shutdown(wait=True)  # a broken pool has terminated its workers already
             pool = None
-            for i in broken:
+            if len(broken) > 1:  # several in flight: each runs alone next, charged nothing
+                alone.extend(broken)
+                then = f"running each of them again alone (max_retries={max_retries})"
+            elif broken:
+                (i,) = broken
                 lost[i] += 1
-            retry = [i for i in broken if lost[i] <= max_retries]
-            left.extendleft(reversed(retry))
+                if lost[i] <= max_retries:
+                    queue.appendleft(i)
+                    then = f"retrying it in a new worker (try {lost[i] + 1} of {max_retries + 1})"
+                else:
+                    cell, seeds = todo[i]
+                    why = f"the worker computing this batch died each time ({lost[i]} times)"
+                    finish(cell, seeds, None, f"{why}; {max_retries=}")
+                    then = f"recorded as failed after {lost[i]} tries"
             if broken:
-                then = f"retrying {len(retry)} in new workers" if retry else "not retried"
                 print(
-                    f"a worker process died: {len(broken)} batch(es) in flight lost, {then} "
-                    f"(try {max(lost[i] for i in broken) + 1} of at most {max_retries + 1})",
+                    f"a worker process died: {len(broken)} batch(es) in flight lost, {then}",
                     file=sys.stderr,
                     flush=True,
                 )
-            for i in broken:
-                if lost[i] > max_retries:
-                    cell, seeds = todo[i]
-                    why = f"the worker computing this batch died on each of its {lost[i]} tries"
-                    finish(cell, seeds, None, f"{why} ({max_retries=})")
     except BaseException:
         # Shut the pool down before its workers are terminated, and cancel no future here: the
         # pool's own thread fails the futures of the workers it loses, and a future cancelled

@@ -52,14 +52,13 @@ def work(names, **kw):
 
 
 def test_a_batch_whose_worker_died_is_retried(tmp_path, capsys):
-    todo = work(["a", "dies", "b", "c"], marker=str(tmp_path / "died"), pause=0.2)
+    todo = work(["a", "dies", "b"], marker=str(tmp_path / "died"), pause=0.2)
     done = []
     executors.run_processes(todo, lambda *a: done.append(a), dies_once, workers=2)
     assert (tmp_path / "died").exists(), "the worker never died"
-    assert sorted(cell.config.name for cell, _, _, _ in done) == ["a", "b", "c", "dies"]
+    assert sorted(cell.config.name for cell, _, _, _ in done) == ["a", "b", "dies"]
     assert all(error is None and results for _, _, results, error in done)
-    err = capsys.readouterr().err
-    assert "a worker process died" in err and "retrying" in err
+    assert capsys.readouterr().err.count("a worker process died") == 1
 
 
 def test_a_batch_whose_worker_always_dies_fails_after_its_retries(capsys):
@@ -67,9 +66,9 @@ def test_a_batch_whose_worker_always_dies_fails_after_its_retries(capsys):
     done = {}
     finish = lambda cell, seeds, results, error: done.update({cell.config.name: error})  # noqa: E731
     executors.run_processes(todo, finish, always_dies, workers=2, max_retries=1)
-    assert done["a"] is None and done["b"] is None
-    assert "died on each of its 2 tries" in done["dies"]
-    assert capsys.readouterr().err.count("a worker process died") == 2
+    assert done["a"] is None and done["b"] is None  # lost beside it, they are not charged
+    assert "died each time (2 times); max_retries=1" in done["dies"]
+    assert "recorded as failed after 2 tries" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, StoreError])  # Ctrl-C/SIGTERM, full disk
