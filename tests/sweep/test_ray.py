@@ -43,11 +43,11 @@ add(recipe="bf16")
 """
 
 SEEDED = """
-add("a", recipe="fp32", seeds=[(0, 0, 0), (1, 1, 1)])
-add("b", recipe="fp32", seeds=[(2, 2, 2), (3, 3, 3)])
-add("c", recipe="fp32", seeds=[(4, 4, 4), (5, 5, 5)])
-add("d", recipe="fp32", seeds=[(6, 6, 6), (7, 7, 7)])
-"""
+add("a", recipe="fp32", lr=1e-3, seeds=[(0, 0, 0), (1, 1, 1)])
+add("b", recipe="fp32", lr=2e-3, seeds=[(2, 2, 2), (3, 3, 3)])
+add("c", recipe="fp32", lr=3e-3, seeds=[(4, 4, 4), (5, 5, 5)])
+add("d", recipe="fp32", lr=4e-3, seeds=[(6, 6, 6), (7, 7, 7)])
+"""  # four cells, four configs (one config under two labels is an error)
 
 
 @pytest.fixture(scope="module")

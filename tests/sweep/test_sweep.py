@@ -14,6 +14,7 @@ import pytest
 
 from fp4lab import cli, sweep
 from fp4lab.sweep import store
+from fp4lab.sweep.lock import LOCK_FILE
 
 BASE = """
 from fp4lab.train.config import Config
@@ -211,6 +212,9 @@ def test_no_pickle_in_results(tmp_path):
     exp = sweep.load_experiment(path)
     sweep.run_experiment(exp, tmp_path / "res", progress=False)
     files = [f for f in (tmp_path / "res").rglob("*") if f.is_file()]
+    lock = tmp_path / "res" / LOCK_FILE  # the writer lock: one plain line naming its process
+    assert lock.read_text().startswith("process ")
+    files.remove(lock)
     assert len(list((tmp_path / "res" / "runs").glob("*.json"))) == exp.n_runs  # all written
     assert {f.suffix for f in files} == {".json", ".parquet"}
     for f in files:  # everything is JSON, or a run's metrics as Parquet
