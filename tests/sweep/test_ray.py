@@ -267,6 +267,7 @@ def test_interrupted_sweep_cancels_its_tasks_and_resumes(ray_cluster, tmp_path, 
     answers = iter([False])  # the executor asks first; Ray's internals, asking later, get True
     monkeypatch.setattr(ray, "is_initialized", lambda: next(answers, True))
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append(("init", kw)))
+    monkeypatch.setattr(ray_executor, "check_address", lambda address: None)  # a cluster there
     monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
     with pytest.raises(KeyboardInterrupt):
         sweep.run_experiment(
