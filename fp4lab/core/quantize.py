@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4lab.core import formats, hadamard, prng, scaling
+from fp4lab.core import formats, hadamard, prng, scaling, tiny
 from fp4lab.core.spec import QuantSpec
 
 __all__ = [
@@ -57,7 +57,7 @@ class QTensor:
     scale: float32 block scales, shape (..., R/ty, 1, K/tx, 1): values exactly representable in
         the block-scale format (NaN for a scope computed from non-finite input).
     outer: float32 outer dequantization factor, broadcastable against the blocks.
-    x_hat = decode(codes) * scale * outer, then unpadded, unrotated and moved back.
+    x_hat = decode(codes) * scale * outer (as `dequantize_blocks`), unpadded, unrotated, moved.
     """
 
     codes: jax.Array
@@ -78,8 +78,10 @@ class QTensor:
     def dequantize(self, *, rotated: bool = False) -> jax.Array:
         """x_hat in x's shape and dtype. rotated=True keeps the Hadamard domain (for GEMMs)."""
         tile = _tile(self.spec, self.codes.shape)
-        xb = scaling.block_view(self.values(), tile)
-        x = scaling.unblock(xb * self.scale * self.outer)
+        vals = scaling.block_view(self.values(), tile)
+        fmt = formats.get_format(self.spec.elem)
+        vals, scale, outer = tiny.dequantize_factors(vals, self.scale, self.outer, fmt)
+        x = scaling.unblock(vals * scale * outer)
         return restore(x, self.spec, self.shape, self.dtype, self.transform_key, rotated)
 
 
@@ -422,22 +424,23 @@ def dequantized_view(x, spec: QuantSpec, key, transform_key, amax, rotated: bool
 
 
 def dequantize_blocks(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope) -> jax.Array:
-    """x_hat in the blocked view: grid values * block scale * outer, as `QTensor.dequantize`.
+    """x_hat in the blocked view: grid values * block scale * outer, as `QTensor.dequantize`,
+    rounded as IEEE float32 also where a scale is a subnormal XLA's CPU code reads as 0
+    (`tiny.dequantize_factors`); an x_hat below 2**-126 it writes as 0 of its sign.
 
-    A float format's grid values q go in as they are: where q is NaN (a NaN input), the block
-    scale or the outer scale is NaN too (every rule in `scaling` puts it there), so x_hat is
-    NaN whether or not q is first read back as its code's 0 (`grid_values`), as the codes
-    would have it. Integer grids still go through `grid_values`, which also turns -0 into 0.
+    Float grid values go in as they are: where q is NaN (a NaN input), a scale is NaN too
+    (every rule in `scaling` puts it there), so x_hat is NaN as the codes would have it.
+    Integer grids go through `grid_values`, which also turns -0 into 0.
     """
     vals, outer = dequantize_terms(scaled, fmt, scope)
-    return vals * scaled.scale * outer
+    vals, scale, outer = tiny.dequantize_factors(vals, scaled.scale, outer, fmt)
+    return vals * scale * outer
 
 
 def dequantize_terms(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope):
     """(grid values, outer scale) of `dequantize_blocks`: x_hat = (vals * scaled.scale) * outer,
-    those two float32 multiplications in that order (what the fused statistics' kernel
-    computes x_hat from, without it being written out). The outer scale is broadcast to the
-    scope amax's shape (one per row, or one per tensor)."""
+    two IEEE float32 products in that order (as the fused statistics' kernel computes them,
+    from `tiny.dequantize_factors`); the outer scale broadcast to the scope amax's shape."""
     vals = scaled.q if fmt.kind == "float" else grid_values(scaled.q, fmt)
     return vals, _outer(scaled, scope)
 

@@ -45,7 +45,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from fp4lab.core import cpu_kernels, formats, scaling
+from fp4lab.core import cpu_kernels, formats, scaling, tiny
 from fp4lab.core.quantize import (
     dequantize_blocks,
     dequantize_terms,
@@ -123,10 +123,14 @@ def operand_stats_deferred(
 def _deferred_parts(a, spec, key, transform_key, amax):
     """x_hat (`quantize_dequantize`'s, rotated), and what the kernel measures it from: the
     blocked input, the element grid values, the block and outer scales (x_hat's blocks are
-    their products, `dequantize_terms`) and four-over-six's choices (None without it)."""
+    their products, taken as `dequantize_blocks` takes them: `tiny.dequantize_factors`, so
+    that no factor is a subnormal the kernel's flush-to-zero arithmetic would read as 0) and
+    four-over-six's choices (None without it)."""
     x_hat, xb, scaled, scope = dequantized_view(a, spec, key, transform_key, amax, True)
-    vals, outer = dequantize_terms(scaled, formats.get_format(spec.elem), scope)
-    return x_hat, (xb, vals, scaled.scale, outer, scaled.map4)
+    fmt = formats.get_format(spec.elem)
+    vals, outer = dequantize_terms(scaled, fmt, scope)
+    factors = tiny.dequantize_factors(vals, scaled.scale, outer, fmt)
+    return x_hat, (xb, *factors, scaled.map4)
 
 
 def _measure_parts(xb, vals, scale, outer, map4, fmt):
@@ -135,7 +139,8 @@ def _measure_parts(xb, vals, scale, outer, map4, fmt):
     The kernel computes x_hat from the grid values and the scales rather than reading it: the
     GEMM's x_hat can then be written straight in the layout the GEMM wants (a transposed copy
     for the Wgrad operands), without a second copy in the blocked view for the kernel."""
-    five = cpu_kernels.block_stats(xb, vals, scale, outer, fmt.max)
+    vmax = fmt.max * tiny.grid_unit(fmt)  # |vals| of a saturated element
+    five = cpu_kernels.block_stats(xb, vals, scale, outer, vmax)
     map4 = jnp.float32(0.0) if map4 is None else jnp.mean(map4)
     return jnp.concatenate([five, map4.astype(jnp.float32)[None]])
 
