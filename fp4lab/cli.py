@@ -75,7 +75,7 @@ def compile_cache_folder() -> Path:
 def _run(args) -> int:
     from fp4lab import sweep
     from fp4lab.stderr_filter import filter_stderr
-    from fp4lab.sweep import failures, runner, store
+    from fp4lab.sweep import compute, failures, runner, store
     from fp4lab.sweep.compute import use_compile_cache
 
     if not args.no_compile_cache:
@@ -103,7 +103,8 @@ def _run(args) -> int:
                 f"  {cell.label}  seeds(init/data/quant) {seeds}  [{done}/{len(cell.seeds)} done]"
             )
         # each unfinished cell's run traced for shapes: does it fail at its start?
-        failures.check_cells(c for c in exp.cells if not all(map(st.finished, c.run_ids())))
+        unfinished = (c for c in exp.cells if not all(map(st.finished, c.run_ids())))
+        failures.check_cells(unfinished, compute.check_cell)
         return 0
     options = {}
     if args.executor == "ray":

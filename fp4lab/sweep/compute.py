@@ -26,7 +26,7 @@ from fp4lab.sweep import programs as stored_programs
 from fp4lab.sweep.store import cpu
 from fp4lab.train.config import Config
 
-__all__ = ["compute_cell", "clear_cache", "progress_every", "use_compile_cache"]
+__all__ = ["check_cell", "compute_cell", "clear_cache", "progress_every", "use_compile_cache"]
 
 
 def use_compile_cache(
@@ -198,3 +198,20 @@ def _step_reporter(progress: Callable, keys, chunk: list[tuple], steps: int) -> 
         progress(event | {k: float(np.asarray(v)) for k, v in out.items()})
 
     return report
+
+
+def check_cell(config: Config) -> str | None:
+    """The reason (one line) why a cell's training run would fail at its start, or None.
+
+    Traces the run (`make_train(config)` on seeds (0, 0, 0)) with `jax.eval_shape`: every shape
+    and static check of the step, the phases and the evaluation runs, nothing is computed.
+    Catches the errors a config raises before any number exists (a width the block size of a
+    quantizer does not divide, a layout the recipe cannot take)."""
+    from fp4lab.train import trainer  # the trainer only where a cell is computed (or traced)
+
+    try:
+        jax.eval_shape(trainer.make_train(config), trainer.make_keys(0, 0, 0))
+    except (ValueError, TypeError, NotImplementedError) as e:
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0] if text else ''}"
+    return None

@@ -3,14 +3,15 @@
 A failed run's record holds the traceback of what it raised (`fp4lab.sweep.executors.attempt`);
 the progress line, `fp4lab run`'s summary, `plot` and `report` show its last exception line
 instead: `reason`. `fp4lab run --dry-run` traces each cell's training run for shapes only
-(`jax.eval_shape`: nothing is computed) and names the cells that would fail, such as a width that
-a quantizer's block size does not divide, before anything runs: `check_cell`.
+(`jax.eval_shape`: nothing is computed; `fp4lab.sweep.compute.check_cell`, where the sweep
+reaches the trainer) and names the cells that would fail, such as a width that a quantizer's
+block size does not divide, before anything runs: `check_cells`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fp4lab.sweep.experiment import Cell, ExperimentError
@@ -18,7 +19,7 @@ from fp4lab.sweep.records import StoreError
 from fp4lab.sweep.store import Store
 from fp4lab.train.config import Config
 
-__all__ = ["check_cell", "check_cells", "first", "no_finished", "reason"]
+__all__ = ["check_cells", "first", "no_finished", "reason"]
 
 # an exception line of a traceback: "ValueError: ...", "jax.errors.Foo: ...", "KeyError"
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(: |$)")
@@ -50,30 +51,12 @@ def first(results: Any) -> str | None:
     )
 
 
-def check_cell(config: Config) -> str | None:
-    """The reason (one line) why a cell's training run would fail at its start, or None.
-
-    Traces the run (`make_train(config)` on seeds (0, 0, 0)) with `jax.eval_shape`: every shape
-    and static check of the step, the phases and the evaluation runs, nothing is computed.
-    Catches the errors a config raises before any number exists (a width the block size of a
-    quantizer does not divide, a layout the recipe cannot take)."""
-    import jax  # lazy: `import fp4lab.sweep` loads no jax
-
-    from fp4lab.train import trainer
-
-    try:
-        jax.eval_shape(trainer.make_train(config), trainer.make_keys(0, 0, 0))
-    except (ValueError, TypeError, NotImplementedError) as e:
-        text = str(e).strip().splitlines()
-        return f"{type(e).__name__}: {text[0] if text else ''}"
-    return None
-
-
-def check_cells(cells: Iterable[Cell]) -> None:
+def check_cells(cells: Iterable[Cell], check: Callable[[Config], str | None]) -> None:
     """Raises ExperimentError (one line: where, which cell, why) for the first cell whose run
-    would fail at its start (`check_cell`)."""
+    would fail at its start: `check` (`fp4lab.sweep.compute.check_cell`, which traces it)
+    gives the reason."""
     for cell in cells:
-        if why := check_cell(cell.config):
+        if why := check(cell.config):
             raise ExperimentError(f"{cell.where}: cell {cell.label} would fail: {why}")
 
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from fp4lab import cli, sweep
-from fp4lab.sweep import failures, runner
+from fp4lab.sweep import compute, runner
 
 BASE = """
 from fp4lab.train.config import Config
@@ -60,7 +60,7 @@ def test_dry_run_traces_only_the_cells_with_runs_left(tmp_path, capsys, monkeypa
 
     sweep.run_experiment(sweep.load_experiment(path), out, progress=False, compute=finished)
     traced = []
-    monkeypatch.setattr(failures, "check_cell", traced.append)
+    monkeypatch.setattr(compute, "check_cell", traced.append)
     assert cli.main(["run", str(path), "--out", str(out), "--dry-run"]) == 0
     assert "[1/1 done]" in capsys.readouterr().out and traced == []
 
