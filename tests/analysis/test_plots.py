@@ -317,3 +317,19 @@ def test_report_of_a_bare_sweep(tmp_path):
 def test_standard_loss_curves_show_the_gap_to_the_floor_on_a_log_scale(results):
     ax = dict(plots.iter_figures(results))["loss_curves"].axes[0]
     assert ax.get_yscale() == "log" and ax.get_ylabel() == "loss − floor (nats)"
+
+
+def test_the_variance_figure_draws_no_negative_share_and_no_residual_above_one():
+    """omega^2 of a factor without effect is negative and the residual's then above 1 (the
+    quickstart's showed -11.2 %, -7.0 % and 117.5 %); the figure draws them within [0, 1]."""
+    from fp4lab.analysis.plots.standard import drawn_shares
+
+    shares = pd.DataFrame(
+        dict(factor=["recipe", "lr", "residual"], share=[-0.112, -0.070, 1.175])
+        | dict(share_lo=[-0.2, -0.15, 1.05], share_hi=[0.3, 0.1, 1.3])
+    )
+    drawn = drawn_shares(shares).set_index("factor")
+    assert drawn.loc[["recipe", "lr"], "share"].tolist() == [0.0, 0.0]
+    assert drawn.loc["residual", "share"] == 1.0 and np.isnan(drawn.loc["residual", "share_lo"])
+    assert (drawn[["share", "share_lo", "share_hi"]].fillna(0) >= 0).all().all()
+    assert shares.loc[0, "share"] == -0.112  # the table itself is left as it is

@@ -113,7 +113,7 @@ def figures(
         if shares.attrs["df_res"] > 0:
             what = stat_label(outcome, unit=False)
             title = f"share of the variance of the {what} by design factor (ω², 95%)"
-            fig = ladder(shares, "share", label="factor", percent=True, title=title)
+            fig = ladder(drawn_shares(shares), "share", label="factor", percent=True, title=title)
             yield f"variance_{outcome}", fig
     quant = {n.split("/")[-1] for n in names if n.startswith("quant/")}
     drift = {n.split("/")[-1] for n in names if n.startswith("acc/")}
@@ -155,3 +155,19 @@ def standard_figures(results, out_dir, labels: Mapping[str, str] | None = None) 
         fig.savefig(path, dpi=DPI)
         paths.append(path)
     return paths
+
+
+def drawn_shares(shares: pd.DataFrame) -> pd.DataFrame:
+    """The shares of `factors.variance_decomposition` as the figure draws them: omega^2 is an
+    unbiased estimate that falls below 0 for a factor without effect (and the residual's above
+    1 then); a share of variance is neither, so estimates and interval ends are clipped to
+    [0, 1] and the residual is what the factors leave, 1 - their clipped shares, drawn without
+    an interval (the table keeps the estimates and intervals as they are)."""
+    out = shares.copy()
+    for column in ("share", "share_lo", "share_hi"):
+        out[column] = out[column].clip(0.0, 1.0)
+    factor = out["factor"] != "residual"
+    rest = 1.0 - out.loc[factor, "share"].fillna(0.0).sum()
+    out.loc[~factor, "share"] = min(max(rest, 0.0), 1.0)
+    out.loc[~factor, ["share_lo", "share_hi"]] = np.nan
+    return out
