@@ -176,7 +176,7 @@ def _analyze(exp, results, out: Path) -> bool:
 def _print_summary(results, name: str) -> None:
     import pandas as pd
 
-    from fp4lab.analysis import report
+    from fp4lab.analysis import report, verdicts
     from fp4lab.sweep import failures
 
     if results.runs.empty:
@@ -188,6 +188,10 @@ def _print_summary(results, name: str) -> None:
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(f"\n{name}: per cell, intervals over seeds (95 %)")
         print(report.cell_table(results.runs).to_string(index=False))
+    header, lines = verdicts.in_words(results.runs, report.summary_outcome(results.runs))
+    if lines:
+        print(f"\nwhich cells differ, {header}")
+        print("\n".join(f"  {line}" for line in lines))
     if failed := failures.first(results):
         print(failed)
 

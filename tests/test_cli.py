@@ -401,3 +401,16 @@ def test_a_sweep_whose_every_run_failed_says_so(tmp_path, capsys):
     assert "no run finished; 1 failed" in capsys.readouterr().out
     assert cli.main(["show", str(out)]) == 0
     assert "no run finished; 1 failed" in capsys.readouterr().out
+
+
+def test_run_and_show_say_in_words_which_cells_differ(tmp_path, capsys):
+    path = experiment(tmp_path, 'add(recipe="fp32", seeds=3)\n    add(recipe="bf16", seeds=3)')
+    out = tmp_path / "res"
+    assert cli.main(["run", str(path), "--out", str(out), "--quiet", "--no-figures"]) == 0
+    ran = capsys.readouterr().out
+    assert cli.main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    for text in (ran, shown):
+        # bf16 is the baseline (the first of BASELINE_RECIPES), whatever the cells' order
+        words = text.split("which cells differ, against recipe=bf16 (")[1].splitlines()
+        assert words[1].startswith("  recipe=fp32: ")  # one line for the other cell, in words

@@ -98,6 +98,13 @@ CELL_TABLE = ("run_id", "cell", "status", "diverged", "divergence_kind", "diverg
 CELL_TABLE += ("loss_gap", "final_loss", "loss_floor", "target_loss", "tokens_to_target")
 
 
+def summary_outcome(runs: pd.DataFrame) -> str:
+    """The outcome the summary judges: "loss_gap" where some ok run has one (the task's optimum
+    is known), else "final_loss"."""
+    ok = runs[runs["status"] == "ok"]
+    return "loss_gap" if np.isfinite(ok["loss_gap"].astype(np.float64)).any() else "final_loss"
+
+
 def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per cell, formatted for reading: n, failed, diverged, loss gap, tokens, overhead."""
     require(runs, CELL_TABLE, "cell_table")
@@ -110,7 +117,7 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
         )
     ]
     ok = runs[runs["status"] == "ok"]
-    outcome = "loss_gap" if np.isfinite(ok["loss_gap"].astype(np.float64)).any() else "final_loss"
+    outcome = summary_outcome(runs)
     gap = tables.loss_gap(runs, outcome=outcome)
     out[outcome.replace("_", " ")] = [
         _ci(g, lo, hi) for g, lo, hi in gap[["gap", "gap_lo", "gap_hi"]].itertuples(index=False)

@@ -41,11 +41,11 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from fp4lab.analysis import components, crossed
+from fp4lab.analysis import components, crossed, tables
 from fp4lab.analysis.columns import require
 from fp4lab.schema import STREAMS
 
-__all__ = ["verdict", "design_factor"]
+__all__ = ["verdict", "design_factor", "in_words"]
 
 NAN = float("nan")
 # Precision choices a pair of cells can differ in: the runs table's column, the factor's name.
@@ -156,6 +156,55 @@ def verdict(
     out.attrs = dict(outcome=outcome, level=level, comparisons=m, row_level=row_level)
     out.attrs |= dict(correction="Bonferroni", interval="generalized (crossed random seeds)")
     return out
+
+
+def in_words(
+    runs: pd.DataFrame, outcome: str = "loss_gap", *, by: str = "cell", **kw
+) -> tuple[str, list[str]]:
+    """Which cells differ from the baseline, one sentence each: the verdict's fixed rows.
+
+    The baseline is a cell of the first `tables.BASELINE_RECIPES` recipe present (one without
+    GEMM overrides, backward mode, rules or phases, if there is one), else the first cell.
+
+    Args:
+      runs: the runs table. outcome, by: as in `verdict`. kw: more arguments of `verdict`.
+    Returns:
+      (a header naming the baseline, the outcome and the family, one line per other cell),
+      e.g. "recipe=nvfp4: higher than recipe=bf16 by +0.045 [+0.041, +0.048], 6.2 seed SDs".
+    """
+    require(runs, (by, "status", outcome), "in_words")
+    names = list(dict.fromkeys(runs[by]))
+    if len(names) < 2:
+        return "", []
+    base = names[0]
+    recipes = set(runs["recipe"].dropna()) if "recipe" in runs.columns else set()
+    found = next((r for r in tables.BASELINE_RECIPES if r in recipes), None)
+    if found is not None:
+        candidates = runs[runs["recipe"] == found]
+        plain = np.ones(len(candidates), bool)
+        for column in ("gemms", "backward", "rules", "phases"):
+            if column in candidates.columns:
+                plain &= candidates[column].astype(str).isin(("", "{}", "()", "[]", "None", "nan"))
+        base = (candidates[plain] if plain.any() else candidates)[by].iloc[0]
+    table = verdict(runs, outcome, by=by, baseline=base, **kw)
+    fixed = table[table["kind"] == "fixed"]
+    a = table.attrs
+    header = (
+        f"against {base} ({outcome}; intervals over seeds as random effects, Bonferroni over "
+        f"{a['comparisons']} rows, {a['level']:.0%} together):"
+    )
+    lines = []
+    for row in fixed.itertuples():
+        cell = row.term.split(" - ")[0]
+        ci = f"{row.effect:+.3g} [{row.lo:+.3g}, {row.hi:+.3g}]"
+        if row.verdict in ("higher", "lower"):
+            text = f"{row.verdict} than {base} by {ci}, {row.in_seed_sd:.2g} seed SDs"
+        elif row.verdict == "no evidence":
+            text = f"no evidence of a difference: {ci}"
+        else:
+            text = f"{row.verdict}: {row.evidence}"
+        lines.append(f"{cell}: {text}")
+    return header, lines
 
 
 def design_factor(a: pd.DataFrame, b: pd.DataFrame) -> str:

@@ -98,3 +98,20 @@ def test_a_missing_column_is_one_line_naming_it(column):
         with pytest.raises(MissingColumn, match=f"{function.__name__}: .* {column!r}") as err:
             function(runs, "loss_gap")
         assert "\n" not in str(err.value)
+
+
+def test_in_words_names_each_cell_against_the_baseline_recipe():
+    """bf16 is the baseline whatever the cells' order; a planted +0.05 reads "higher than"."""
+    sd = (0.01, 0.01, 0.0, 0.005, 0.0, 0.0, 0.005)
+    runs = pd.concat(
+        [
+            crossed_cell("recipe=nvfp4", (5, 5, 5), sd, 1, 0.05).assign(recipe="nvfp4"),
+            crossed_cell("recipe=bf16", (5, 5, 5), sd, 0).assign(recipe="bf16"),
+            crossed_cell("recipe=mxfp8", (5, 5, 5), sd, 2).assign(recipe="mxfp8"),
+        ]
+    )
+    header, lines = analysis.verdicts.in_words(runs, "loss_gap")
+    assert header.startswith("against recipe=bf16 (loss_gap;")
+    assert lines[0].startswith("recipe=nvfp4: higher than recipe=bf16 by +0.05")
+    assert lines[1].startswith("recipe=mxfp8: no evidence of a difference")
+    assert analysis.verdicts.in_words(runs[runs.cell == "recipe=bf16"]) == ("", [])
