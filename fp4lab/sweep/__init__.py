@@ -6,10 +6,12 @@
     executors    local executors (in process, worker processes)
     ray          the Ray executor (workers compute, the driver writes)
     reaper       what a Ray driver started dies with it, also on a kill -9
-    runner       run_experiment: what is left, the executor, the store, progress
+    runner       run_experiment: what is left, the executor, the store
+    progress     the live progress display (compiles, steps, an ETA)
     lock         one writer per results folder (an advisory lock)
     stream       `--stream`: each step of each run appended to stream.jsonl
-    store        run ids, current and stale runs, provenance, load() as pandas
+    store        run ids, current and stale runs, load() as pandas
+    provenance   where a run was computed: versions, git, backend, device, CPU
     cells        the manifest's cells checked against the records: what each label pools
     failures     why runs fail, in one line: before they run (--dry-run traces) and after
     records      atomic writes, checked reads, bad entries skipped with a warning

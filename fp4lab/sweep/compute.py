@@ -23,7 +23,7 @@ import numpy as np
 
 from fp4lab.schema import STREAMS
 from fp4lab.sweep import programs as stored_programs
-from fp4lab.sweep.store import cpu
+from fp4lab.sweep.provenance import cpu
 from fp4lab.train.config import Config
 
 __all__ = ["check_cell", "compute_cell", "clear_cache", "progress_every", "use_compile_cache"]
@@ -110,7 +110,7 @@ def compute_cell(
 ) -> list[dict]:
     """Runs the seeds of one cell; returns one dict per seed: summary, series, telemetry, wall_s
     (run seconds per seed), compile_s (the cell's compile seconds, 0 when cached) and cpu (the
-    CPU that computed it, `fp4lab.sweep.store.cpu`: a worker's, not the driver's).
+    CPU that computed it, `fp4lab.sweep.provenance.cpu`: a worker's, not the driver's).
 
     Seeds run in vmapped calls of `seed_batch` (the last call padded with the first seed), so
     each seed's numbers are bit-identical whichever seeds share its call. Takes and returns only

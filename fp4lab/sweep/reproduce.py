@@ -44,7 +44,7 @@ def reproduce(folder: str | os.PathLike, run_id: str, *, check: bool = True) -> 
       check: compare the fresh numbers with the record and raise on the first difference.
     Returns:
       The fresh result: {"summary", "series", "telemetry", "wall_s"}, as the record stores it,
-      and "cpu", this host's (`fp4lab.sweep.store.cpu`).
+      and "cpu", this host's (`fp4lab.sweep.provenance.cpu`).
     Raises:
       ReproductionError: no valid record with that id; a data file whose content changed; a
         record of another numerics version; or (with `check`) a number that differs.

@@ -44,13 +44,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import io
 import json
 import os
-import platform
-import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,6 +58,7 @@ import pyarrow.parquet as pq
 
 from fp4lab.schema import RECORDED_BEFORE, SEED_COLUMNS, STREAMS
 from fp4lab.sweep.cells import checked
+from fp4lab.sweep.provenance import code_version, cpu, host, package_versions
 from fp4lab.sweep.records import (
     SCHEMA,
     CorruptRecord,
@@ -86,6 +83,7 @@ __all__ = [
     "StoreError",
     "code_version",
     "config_id",
+    "cpu",
     "identity",
     "data_hashes",
     "label_runs",
@@ -112,7 +110,6 @@ INERT: dict[str, Callable[[dict[str, Any]], bool]] = {
     "telemetry_stats": lambda config: not config.get("telemetry_every"),
     "task_file": lambda config: True,  # a path: its content hash is in the data hashes
 }
-_PACKAGES = ("fp4lab", "jax", "jaxlib", "flax", "optax", "ml_dtypes", "numpy")
 _DATA_FIELDS = {"text": "text_path"}  # task -> the config field naming its data file
 
 
@@ -161,88 +158,11 @@ def run_id(
     return hashlib.sha256(canonical(payload).encode()).hexdigest()[:16]
 
 
-def _git(*args: str) -> str:
-    here = Path(__file__).resolve().parent
-    try:
-        return subprocess.run(
-            ["git", *args], cwd=here, capture_output=True, text=True, timeout=5
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-# The vector extensions among which XLA's CPU kernels (its own code, Eigen, YNNPACK, oneDNN)
-# choose at run time: two CPUs that differ in them may sum in different orders.
-_CPU_FEATURES = (
-    "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-    "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve", "sve2",
-)  # fmt: skip
-
-
-def cpu() -> str:
-    """This host's CPU as one string: its model name and the vector extensions of
-    `_CPU_FEATURES` it has, e.g. "Intel(R) Xeon(R) Processor [avx avx2 avx512f ...]".
-
-    Read from /proc/cpuinfo where there is one (Linux), else what `platform` says. A run's
-    last bits on the CPU backend depend on these: `fl.sweep.reproduce` names both CPUs when a
-    run made on another one does not reproduce."""
-    model, flags = "", set()
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key in ("model name", "cpu model", "hardware") and not model:
-            model = value.strip()
-        elif key in ("flags", "features") and not flags:
-            flags = set(value.split())
-    model = model or platform.processor() or platform.machine() or "unknown CPU"
-    have = [f for f in _CPU_FEATURES if f in flags]
-    return f"{model} [{' '.join(have)}]" if have else model
-
-
-def package_versions() -> dict[str, str | None]:
-    """{package: installed version, None when it is not installed} of fp4lab and the packages
-    its numbers depend on (jax, jaxlib, flax, optax, ml_dtypes, numpy)."""
-    versions = {}
-    for name in _PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
 def provenance() -> dict[str, Any]:
     """What made a run: package versions, git revision (and whether the tree had edits),
     numerics version, python, backend, device kind and host CPU (`cpu`), time."""
-    import jax
-
-    versions = package_versions()
-    rev = _git("rev-parse", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no") if rev else ""
-    device = jax.devices()[0]
-    return {
-        "versions": versions,
-        "numerics": NUMERICS_VERSION,
-        "python": platform.python_version(),
-        "git_revision": rev or None,
-        "git_dirty": bool(dirty) if rev else None,
-        "backend": jax.default_backend(),
-        "device": getattr(device, "device_kind", str(device)),
-        "cpu": cpu(),
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def code_version(prov: dict[str, Any] | None) -> str:
-    """The code that made a run, as one string: fp4lab version, git revision, jax, jaxlib."""
-    prov = prov or {}
-    v = prov.get("versions") or {}
-    rev = (prov.get("git_revision") or "no git")[:10]
-    return f"fp4lab {v.get('fp4lab')} ({rev}), jax {v.get('jax')}, jaxlib {v.get('jaxlib')}"
+    prov = host()
+    return {"versions": prov.pop("versions"), "numerics": NUMERICS_VERSION, **prov}
 
 
 class Store:
