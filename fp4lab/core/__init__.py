@@ -7,7 +7,8 @@
     quantize   QTensor, quantize, quantize_dequantize, fake_quant, and the blocks API
     cpu_kernels  C++ kernels built on first use, called through XLA's FFI (the fused statistics)
     stats      operand_stats: the error a quantizer makes on one operand
-    recipes    GemmRecipe and the registry of named recipes
+    gemm_recipe  GemmRecipe: the six operand specs and the backward mode, one value
+    recipes    the registry of named recipes, override (GemmRecipe re-exported)
 
 Modules here import each other in that order only (docs/architecture.md §1).
 """

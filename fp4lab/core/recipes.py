@@ -1,4 +1,4 @@
-"""GemmRecipe and the named recipes of the literature.
+"""GemmRecipe (`fp4lab.core.gemm_recipe`) and the named recipes of the literature.
 
 A linear layer's training runs three GEMMs, each with two operands:
 
@@ -27,13 +27,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from fp4lab import schema
 from fp4lab.core import spec as specs
+from fp4lab.core.gemm_recipe import GemmRecipe
 from fp4lab.core.hadamard import Hadamard
 from fp4lab.core.spec import QuantSpec
-from fp4lab.schema import BACKWARD_MODES, GEMMS, OPERANDS
+from fp4lab.schema import GEMMS, OPERANDS
 
 __all__ = [
     "GemmRecipe",
@@ -60,96 +60,6 @@ def _register(name: str):
         return fn
 
     return add
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GemmRecipe:
-    """Operand specs of the three GEMMs of a linear layer and the backward mode.
-
-    `None` for a spec keeps that operand in the input precision. With backward="dequantized"
-    or "high_precision" the Dgrad and Wgrad specs are not used.
-    """
-
-    fprop_x: QuantSpec | None = None  # activations in the forward GEMM
-    fprop_w: QuantSpec | None = None  # weights in the forward GEMM
-    dgrad_dy: QuantSpec | None = None  # output gradient in the input-gradient GEMM
-    dgrad_w: QuantSpec | None = None  # weights in the input-gradient GEMM
-    wgrad_x: QuantSpec | None = None  # activations in the weight-gradient GEMM
-    wgrad_dy: QuantSpec | None = None  # output gradient in the weight-gradient GEMM
-    backward: str = "quantized"  # "quantized" | "dequantized" | "high_precision"
-    name: str = dataclasses.field(default="", compare=False)  # label for tables
-
-    def __post_init__(self):
-        schema.check_choice("GemmRecipe", "backward", self.backward, BACKWARD_MODES)
-        for g in GEMMS:
-            a, b = (self.spec(g, o) for o in OPERANDS[g])
-            for o, s in zip(OPERANDS[g], (a, b), strict=True):
-                if s is not None and not isinstance(s, QuantSpec):
-                    raise ValueError(f"GemmRecipe.{g}_{o} must be a QuantSpec or None, got {s!r}")
-            ta = a.transform if a is not None else None
-            tb = b.transform if b is not None else None
-            if ta is not None and tb is not None and ta != tb:
-                raise ValueError(
-                    f"GemmRecipe {g}: both operands must use the same Hadamard, got {ta} and {tb}"
-                )
-
-    def spec(self, gemm: str, operand: str) -> QuantSpec | None:
-        """The spec of one operand of one GEMM, e.g. spec("wgrad", "dy")."""
-        return getattr(self, schema.operand_name(gemm, operand))
-
-    def transform(self, gemm: str) -> Hadamard | None:
-        """The Hadamard applied to both operands of `gemm` (from either spec), or None."""
-        for o in OPERANDS[gemm]:
-            s = self.spec(gemm, o)
-            if s is not None and s.transform is not None:
-                return s.transform
-        return None
-
-    def used_specs(self) -> dict[str, QuantSpec | None]:
-        """{"fprop_x": spec, ...} for the GEMM operands this backward mode quantizes."""
-        gemms = GEMMS if self.backward == "quantized" else ("fprop",)
-        return {schema.operand_name(g, o): self.spec(g, o) for g in gemms for o in OPERANDS[g]}
-
-    @property
-    def needs_key(self) -> bool:
-        return any(s is not None and s.needs_key for s in self.used_specs().values())
-
-    @property
-    def is_identity(self) -> bool:
-        return all(s is None for s in self.used_specs().values())
-
-    def replace(self, **changes) -> GemmRecipe:
-        """A copy with some fields changed, e.g. recipe.replace(wgrad_x=None, wgrad_dy=None)."""
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The six operand specs (`QuantSpec.to_dict`, None: unquantized) and the backward mode
-        as plain JSON. The name, a label that takes no part in equality, is left out: equal
-        recipes give equal dicts, and so equal run ids. `from_dict` inverts it."""
-        d: dict[str, Any] = {}
-        for field in schema.OPERAND_NAMES:
-            s = getattr(self, field)
-            d[field] = None if s is None else s.to_dict()
-        d["backward"] = self.backward
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GemmRecipe:
-        """The recipe `to_dict` wrote. A missing operand is None (unquantized), a spec may be a
-        QuantSpec or its dict, and "name" is accepted as a label.
-
-        Raises:
-          ValueError: not a dict, an unknown field (named, with the allowed ones) or a bad spec
-            (the message names the operand and the spec's field).
-        """
-        kw = schema.check_fields("GemmRecipe", d, [*schema.OPERAND_NAMES, "backward", "name"])
-        for field in schema.OPERAND_NAMES:
-            if isinstance(kw.get(field), dict):
-                try:
-                    kw[field] = QuantSpec.from_dict(kw[field])
-                except ValueError as e:
-                    raise ValueError(f"GemmRecipe.{field}: {e}") from e
-        return cls(**kw)
 
 
 def _all(spec: QuantSpec | None, **kw) -> dict:
