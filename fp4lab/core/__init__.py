@@ -1,6 +1,7 @@
 """Pure JAX numerics: no flax, no pandas.
 
     formats    element and scale formats (E2M1, E4M3, E5M2, E8M0, INT4/8, casts), bit-exact
+    tiny       float32 steps below 2**-126 from the bits, exact where the backend flushes them
     scaling    the block-scaling rules of NVFP4 ("te", "jax"), MX, FP32 blocks and per-scope FP8
     hadamard   blockwise Hadamard rotations
     spec       QuantSpec and the constructors nvfp4 / mxfp4 / mxfp8 / fp8 / cast_spec
