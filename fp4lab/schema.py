@@ -250,7 +250,11 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
     "eval_hp": ("float", "held-out loss of the same weights, high-precision forward", _SUMMARY),
     "loss_gap_hp": ("float", "eval_hp - loss_floor", _SUMMARY),
     "measure": ("str", 'the forward final_loss is measured under ("recipe")', _SUMMARY),
-    "diverged": ("bool", "the run met a non-finite loss or a loss spike", _SUMMARY),
+    "diverged": (
+        "bool",
+        "a non-finite loss, or one above spike_factor x its first loss or x its running median",
+        _SUMMARY,
+    ),
     "divergence_step": ("float", "the step of its first divergence (NaN: none)", _SUMMARY),
     "divergence_kind": ("str", '"", "nonfinite" or "spike"', _SUMMARY),
     "target_loss": ("float", "the tokens-to-target threshold (NaN: none)", _SUMMARY),
