@@ -92,14 +92,22 @@ def analyze(results):
     every stream, converged, beside the share of 200 Monte Carlo seeds for which the earlier
     4000-draw interval said "higher"/"lower" (the 5 -> 8 -> 12 history of results/README.md)."""
     runs = results.runs
-    outcomes = runs[["cell", "status", "seed_init", "seed_data", "seed_quant", "loss_gap"]]
     return {
         "verdict": analysis.verdict(runs, "loss_gap"),
         "components": analysis.variance_components(runs, "loss_gap"),
         "loss_gap": analysis.loss_gap(runs),
-        "outcomes": outcomes,
-        "levels": levels_table(outcomes),
+        "outcomes": outcomes(runs),
+        "levels": levels_table(runs),
     }
+
+
+def outcomes(runs):
+    """Each run's cell, status, seeds, design columns and loss gap, the gap written in full
+    (repr: a CSV read gives the same float), so that the verdict recomputes from it exactly."""
+    design = [c for c in analysis.verdicts.DESIGN if c in runs.columns]
+    table = runs[["cell", "status", "seed_init", "seed_data", "seed_quant", *design]].copy()
+    table["loss_gap"] = runs["loss_gap"].map(repr)
+    return table
 
 
 def levels_table(outcomes, levels=(5, 8, LEVELS), old_draws=4000, old_seeds=200):

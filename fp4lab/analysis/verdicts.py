@@ -124,14 +124,11 @@ def verdict(
     cells = {c: g for c, g in runs.groupby(by, sort=False)}
     if baseline is not None and baseline not in cells:
         raise ValueError(f"verdict: baseline={baseline!r} is no {by}; have {list(cells)}")
-    fixed, random, seed_var = [], [], {}
-    for i, (cell, rows) in enumerate(cells.items()):
+    fixed, layouts, seed_var = [], {}, {}
+    for cell, rows in cells.items():
         y, lay, _ = components.cell_draws(rows, outcome, streams)
-        draws_ = None
-        if lay.balanced and min(lay.levels, default=1) >= crossed.MIN_LEVELS:
-            draws_ = crossed.gci_draws(y, lay, draws=draws, seed=seed + i)
+        layouts[cell] = y, lay
         seed_var[cell] = float(np.var(y, ddof=1)) if len(y) > 1 else NAN
-        random += _stream_rows(cell, y, lay, draws_, streams)
         if lay.balanced:
             point = crossed.mean_squares(y, lay)
             raw = crossed.ems_components({s: m for s, (m, _) in point.items()}, lay)
@@ -144,14 +141,17 @@ def verdict(
         d, lay = crossed.paired_layout(cells[a], cells[b], outcome, streams)
         factor = design_factor(cells[a], cells[b]) or by
         fixed.append(dict(factor=factor, kind="fixed", term=f"{b} - {a}", d=d, lay=lay, a=a, b=b))
+    # the family: every judged contrast and every factor of a cell whose streams get intervals
     m = sum(
         r["lay"] is not None and min(r["lay"].levels, default=1) >= crossed.MIN_LEVELS
         for r in fixed
     )
-    m += sum(r["draws"] is not None for r in random)
+    m += sum(len(lay.factors) for _, lay in layouts.values() if _judged(lay))
     row_level = 1 - (1 - level) / max(m, 1)
     rows = [_fixed_row(r, seed_var, row_level, draws, seed) for r in fixed]
-    rows += [_random_row(r, row_level) for r in random]
+    for i, (cell, (y, lay)) in enumerate(layouts.items()):  # one cell's draws in memory at once
+        gci = crossed.gci_draws(y, lay, draws=draws, seed=seed + i) if _judged(lay) else None
+        rows += [_random_row(r, row_level) for r in _stream_rows(cell, y, lay, gci, streams)]
     out = pd.DataFrame(rows, columns=COLUMNS)
     out.attrs = dict(outcome=outcome, level=level, comparisons=m, row_level=row_level)
     out.attrs |= dict(correction="Bonferroni", interval="generalized (crossed random seeds)")
@@ -216,6 +216,11 @@ def design_factor(a: pd.DataFrame, b: pd.DataFrame) -> str:
 
     differ = [name for col, name in DESIGN.items() if col in a and value(a, col) != value(b, col)]
     return " + ".join(differ)
+
+
+def _judged(lay: crossed.Layout) -> bool:
+    """Whether a balanced layout has the levels an interval needs in every factor."""
+    return lay.balanced and min(lay.levels, default=1) >= crossed.MIN_LEVELS
 
 
 def _stream_rows(cell, y, lay, gci, streams) -> list[dict]:
