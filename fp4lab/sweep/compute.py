@@ -54,6 +54,7 @@ def use_compile_cache(
 
 _COMPILED: dict[tuple[Config, int], tuple[Callable, float]] = {}
 _REPORT: list[Callable | None] = [None]  # where the step callbacks of the running call go
+_TRACED: set[Config] = set()  # configs traced in this process (see `_compiled`)
 
 
 def progress_every(cfg: Config, reports: int = 50) -> int:
@@ -90,6 +91,13 @@ def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
     from fp4lab.train import trainer  # lazy: the trainer (flax, optax) loads on the first cell
 
     if (cfg, every) not in _COMPILED:
+        if cfg in _TRACED:
+            # a second trace of one config in a process (with and without step reports, or
+            # after clear_cache) reused jax's cached inner traces of the first and got an
+            # executable that wants the first's hoisted constants ("compiled for 11 inputs
+            # but called with 3", the scanned LM): start the traces afresh
+            jax.clear_caches()
+        _TRACED.add(cfg)
         t0 = time.perf_counter()
         train = trainer.make_train(cfg, _on_step, every) if every else trainer.make_train(cfg)
         where = stored_programs.folder()

@@ -151,3 +151,17 @@ def test_compiles_are_shown_with_any_number_of_workers(tmp_path, workers):
         assert f"compiling cell {cell} (seeds 0-1) ..." in text, text
         assert re.search(rf"compiled cell {cell} \(seeds 0-1\) in \d+s", text), text
     assert ": step " not in text
+
+
+@pytest.mark.slow
+def test_one_scanned_lm_config_compiled_with_and_without_step_reports_in_one_process():
+    """The second program of one config in a process (here with step reports after one
+    without; the quickstart's kind of cell, small) used to reuse jax's inner traces of the
+    first and fail when called ("Computation compiled for 11 inputs but called with 3"); both
+    now run, with the same numbers."""
+    lm = Config(task="markov", vocab=16, d_model=16, n_layers=2, n_heads=2, d_ff=32, seq_len=8)
+    cfg = lm.replace(scan_layers=True, batch_size=4, steps=4, recipe="bf16", eval_batches=2)
+    cfg = cfg.replace(rules=((r"lm_head", "bf16"),), telemetry_every=2, target_gap=0.1)
+    plain = sweep.compute_cell(cfg.to_dict(), [(0, 0, 0)])
+    shown = sweep.compute_cell(cfg.to_dict(), [(0, 0, 0)], progress=lambda e: None, every=2)
+    assert _differs(plain[0]["series"], shown[0]["series"]) == []
