@@ -194,7 +194,7 @@ def ems_components(ms: dict[tuple[int, ...], np.ndarray], lay: Layout) -> dict:
     return out
 
 
-def gci_draws(y: np.ndarray, lay: Layout, *, draws: int = 4000, seed: int = 0) -> dict:
+def gci_draws(y: np.ndarray, lay: Layout, *, draws: int = DRAWS, seed: int = 0) -> dict:
     """Generalized pivotal draws of every component, the shares and the cell mean.
 
         R_S = MS_S df_S / U_S,  U_S ~ chi2(df_S);   s2_S* = max(0, EMS inversion of R);
@@ -231,16 +231,16 @@ def gci_from_mean_squares(ms: dict, lay: Layout, mean, *, draws: int, rng) -> di
     pivots = {s: m * d / rng.chisquare(d, shape) for s, (m, d) in ms.items()}
     raw = ems_components(pivots, lay)
     variance = {s: np.maximum(v, 0.0) for s, v in raw.items()}
-    share = {s: _share(v, raw) for s, v in raw.items()}
+    total = sum(raw.values())
+    share = {s: _share(v, total) for s, v in raw.items()}
     var_mean = sum(v / np.prod([lay.levels[i] for i in s]) for s, v in variance.items())
     mean = mean - rng.standard_normal(shape) * np.sqrt(var_mean)
     return {"variance": variance, "raw": raw, "share": share, "mean": mean}
 
 
-def _share(part, raw: dict):
-    """clip(part / total, 0, 1) with total the sum of the untruncated components; NaN where
-    the total is not positive."""
-    total = sum(raw.values())
+def _share(part, total):
+    """clip(part / total, 0, 1), total the sum of the untruncated components; NaN where the
+    total is not positive."""
     positive = total > 0
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(positive, np.clip(part / np.where(positive, total, 1.0), 0.0, 1.0), NAN)
@@ -270,7 +270,7 @@ def stream_draws(variances: dict, lay: Layout, index: int) -> dict:
     shared = [s for s in variances if index in s and s not in own_set]
     own = sum(variances[s] for s in own_set)
     redraw = np.maximum(own + sum(variances[s] for s in shared), 0.0)
-    share = _share(own, variances)
+    share = _share(own, sum(variances.values()))
     return {"own": np.maximum(own, 0.0), "redraw": redraw, "share": share}
 
 
