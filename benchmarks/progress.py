@@ -11,10 +11,9 @@ every 25 steps; `--steps` steps, 2 seeds) through the sweep's own `compute_cell`
             them it is traced and compiled afresh, since jax keeps no program with host callbacks
 
 Each measurement runs in a process of its own (a child of this one, which interleaves the
-rounds and prints the table): in jax 0.10.2 a second LM program with reports compiled in one
-process fails ("Computation compiled for 25 inputs but called with 3"; the MLP's does not), so
-`fp4lab run --progress-every` on several LM cells in one process fails the same way (seen at
-fd228abb, before this script: a bug left for its own issue).
+rounds and prints the table), so that no measurement finds another's programs in memory.
+(Written when a second LM program of one config in a process failed, "Computation compiled
+for 25 inputs but called with 3"; `compute_cell` now starts such a trace afresh.)
 
 Each row's two variants run once per round, alternating which goes first; the table gives
 the median seconds and the median of the per-round ratios (reports / none) with the sign
