@@ -2,8 +2,8 @@
 
 import textwrap
 
-import numpy as np
 import pytest
+from fakes import fake_compute  # tests/fakes.py
 
 from fp4lab import sweep
 
@@ -19,21 +19,6 @@ def get_config():
 def sweep(add):
 {body}
 """
-
-
-def fake_compute(config, seeds):
-    """Plain data shaped like compute_cell's, from the config and seeds (no jax, instant)."""
-    out = []
-    for s in seeds:
-        loss = float(config["lr"] * 100 + config["steps"] + sum(s) / 10)
-        summary = {"final_loss": loss, "final_train_loss": loss, "eval_loss": loss}
-        summary |= {"loss_floor": 0.0, "loss_gap": loss, "diverged": False}
-        summary |= {"divergence_step": float("nan"), "divergence_kind": "none"}
-        summary |= {"target_loss": float("nan"), "tokens_to_target": float("nan")}
-        summary |= {"tokens_per_step": 32, "eval_hp": loss}
-        series = {"loss": np.full(config["steps"], loss, np.float32)}
-        out.append({"summary": summary, "series": series, "wall_s": 0.0})
-    return out
 
 
 @pytest.fixture

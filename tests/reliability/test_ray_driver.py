@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import fakes  # tests/fakes.py
 import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'fp4lab[ray]'")
@@ -34,21 +35,8 @@ def test_an_unreachable_address_is_one_line_within_a_minute(tmp_path, experiment
 
 
 def descendants(pid: int) -> dict[int, str]:
-    """{pid: command line} of the live descendants of `pid`, from /proc."""
-    parents = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(d.name)] = int(fields[1])
-    out, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - out
-        out |= frontier
-    return {p: command(p) for p in out}
+    """{pid: command line} of the live descendants of `pid` (`fakes.descendants`)."""
+    return {p: command(p) for p in fakes.descendants(pid)}
 
 
 def command(pid: int) -> str:

@@ -4,14 +4,13 @@ resumed, show / ls / report / plot / verdict, bit-identical reruns, seeds indepe
 vmap batch, run ids that cover the file and its data; the same from Python (`fp4lab.own`)."""
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
+from fakes import kill_after_records  # tests/fakes.py
 
 import fp4lab as fl
 from fp4lab import cli
@@ -126,13 +125,7 @@ def test_own_model_killed_resumed_and_read_back_as_built_in_tasks_are(tmp_path, 
         [sys.executable, "-m", "fp4lab.cli", *argv], env=env, stderr=subprocess.PIPE
     )
     runs = out / "runs"
-    deadline = time.time() + 300
-    while time.time() < deadline and len(list(runs.glob("*.json"))) < 2:
-        assert proc.poll() is None, proc.stderr.read().decode()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    before = {f.name: f.read_bytes() for f in runs.glob("*.json")}
+    before = kill_after_records(proc, runs)
     assert 2 <= len(before) < 6, "the sweep must be killed mid-run"
     assert cli.main(argv) == 0
     after = {f.name: f.read_bytes() for f in runs.glob("*.json")}

@@ -8,8 +8,8 @@ import textwrap
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
+from fakes import fake_compute  # tests/fakes.py
 
 from fp4lab import cli, sweep
 from fp4lab.sweep import records, store
@@ -31,27 +31,6 @@ def write_experiment(tmp_path: Path, body: str, steps=3, lr=3e-3, name="exp") ->
     sweep_fn = "\ndef sweep(add):\n" + textwrap.indent(textwrap.dedent(body), "    ")
     path.write_text(BASE.format(steps=steps, lr=lr) + sweep_fn)
     return path
-
-
-def fake_compute(config, seeds):
-    """Plain data shaped like compute_cell's, from the config and seeds (no jax, instant)."""
-    out = []
-    for s in seeds:
-        loss = float(config["lr"] * 100 + config["steps"] + sum(s) / 10)
-        summary = {"final_loss": loss, "final_train_loss": loss, "eval_loss": loss}
-        summary |= {"loss_floor": 0.0, "loss_gap": loss, "diverged": False}
-        summary |= {"divergence_step": float("nan"), "divergence_kind": "none"}
-        summary |= {"target_loss": float("nan"), "tokens_to_target": float("nan")}
-        summary |= {"tokens_per_step": 32}
-        out.append(
-            {
-                "summary": summary,
-                "series": {"loss": np.full(config["steps"], loss, np.float32)},
-                "telemetry": {"steps": [], "metrics": {}},
-                "wall_s": 0.0,
-            }
-        )
-    return out
 
 
 def run(path, out, **kw):

@@ -2,15 +2,14 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fakes import kill_after_records  # tests/fakes.py
 
 from fp4lab import cli, sweep
 from fp4lab.sweep import store
@@ -238,13 +237,7 @@ def test_sweep_killed_mid_run_resumes_with_every_run_once(tmp_path):
     cmd = [sys.executable, "-m", "fp4lab.cli", "run", str(path), "--out", str(out), "--quiet"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     runs = out / "runs"
-    deadline = time.time() + 300
-    while time.time() < deadline and len(list(runs.glob("*.json"))) < 2:
-        assert proc.poll() is None, proc.stderr.read().decode()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    before = {f.name: f.read_bytes() for f in runs.glob("*.json")}
+    before = kill_after_records(proc, runs)
     exp = sweep.load_experiment(path)
     assert 2 <= len(before) < exp.n_runs, "the sweep must be killed mid-run"
     counts = sweep.run_experiment(exp, out, progress=False)

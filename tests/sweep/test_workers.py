@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import descendants  # tests/fakes.py
 
 EXPERIMENT = """
 from fp4lab.train.config import Config
@@ -21,24 +22,6 @@ def sweep(add):
     add(lr=1e-3)
     add(lr=2e-3)
 """
-
-
-def descendants(pid: int) -> set[int]:
-    """The live (non-zombie) descendants of `pid`, from /proc."""
-    parents = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(d.name)] = int(fields[1])
-    out, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - out
-        out |= frontier
-    return out
 
 
 def alive(pids: set[int]) -> set[int]:
