@@ -124,7 +124,7 @@ def _run(args) -> int:
             progress=not args.quiet,
             force=args.force,
             rerun_stale=args.rerun_stale,
-            progress_every=(None if args.stream else 0)
+            progress_every=(None if args.stream or not args.quiet else 0)
             if args.progress_every is None
             else args.progress_every,
             stream=args.stream,
@@ -498,10 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress-every",
         type=int,
         metavar="K",
-        help="steps between progress reports from inside a cell (default 0: only whole cells "
-        "move the bar). Reports change no number, but a program with them is not kept in the "
-        "compile cache, so every run with them compiles afresh; --stream without this option "
-        "reports about 50 times a run",
+        help="steps between progress reports from inside a cell (default: about 50 a run; "
+        "with --quiet, none unless --stream; 0: only whole cells move the bar). Reports change "
+        "no number; on the CPU they cost a run about nothing and the compile caches keep their "
+        "programs (elsewhere, or without fp4lab's CPU kernels, they are a Python callback and "
+        "a rerun with them compiles afresh)",
     )
     run.add_argument(
         "--stream",

@@ -12,6 +12,7 @@ or optax).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fp4lab.core import cpu_kernels
 from fp4lab.schema import STREAMS
 from fp4lab.sweep import programs as stored_programs
 from fp4lab.sweep.provenance import cpu
@@ -62,10 +64,56 @@ def progress_every(cfg: Config, reports: int = 50) -> int:
     return max(1, -(-cfg.steps // reports))
 
 
+_OUT = ("loss", "grad_norm", "loss_scale")  # what a step report carries, in this order
+
+
+def _kernel_reports() -> bool:
+    """Whether step reports go through the CPU kernel's queue (a program jax's caches keep)
+    rather than a Python callback (one they do not): on the CPU, where the kernels build."""
+    return jax.default_backend() == "cpu" and cpu_kernels.available()
+
+
+def _emit(done, run, out) -> None:
+    """The step report compiled into a cell with progress (traced; `trainer.make_train`)."""
+    if _kernel_reports():
+        cpu_kernels.report_step(done, run, jnp.stack([out[k] for k in _OUT]))
+    else:
+        jax.debug.callback(_on_step, done, run, out)
+
+
+class _Drain:
+    """While a program with kernel step reports runs: a thread that moves the queued reports to
+    the running call's reporter about every `period` seconds, and the rest when it stops."""
+
+    def __init__(self, period: float = 0.1):
+        self.period = period
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="fp4lab-progress")
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.period):
+            self.flush()
+
+    @staticmethod
+    def flush() -> None:
+        for done, run, values in cpu_kernels.take_reports():
+            _on_step(done, run, dict(zip(_OUT, values, strict=True)))
+
+    def __enter__(self):
+        cpu_kernels.take_reports()  # left by an interrupted call: they belong to no one
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        self.flush()
+
+
 def _on_step(done, run, out) -> None:
-    """The host callback compiled into a cell with progress: hands one seed's step to the
-    reporter of the running call (a compiled program outlives the call that compiled it). It
-    never raises: a broken progress display must not stop a run."""
+    """Hands one seed's step report to the reporter of the running call (a compiled program
+    outlives the call that compiled it). It never raises: a broken progress display must not
+    stop a run."""
     report = _REPORT[0]
     if report is None:
         return
@@ -86,8 +134,9 @@ def clear_cache(config: Config | None = None) -> None:
 
 def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
     """jit(vmap(train)) compiled for `cfg` (cached per process), and its compile seconds;
-    with `every` > 0, with the progress callback every `every` steps. With stored programs on
-    (`fp4lab.sweep.programs`) and no callback, what compiles is the exported program."""
+    with `every` > 0, with step reports every `every` steps. With stored programs on
+    (`fp4lab.sweep.programs`), what compiles is the exported program (not for reports through
+    a Python callback, which cannot be exported)."""
     from fp4lab.train import trainer  # lazy: the trainer (flax, optax) loads on the first cell
 
     if (cfg, every) not in _COMPILED:
@@ -99,10 +148,14 @@ def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
             jax.clear_caches()
         _TRACED.add(cfg)
         t0 = time.perf_counter()
-        train = trainer.make_train(cfg, _on_step, every) if every else trainer.make_train(cfg)
+        train = trainer.make_train(cfg, _emit, every) if every else trainer.make_train(cfg)
         where = stored_programs.folder()
-        if where is not None and not every and jax.default_backend() == "cpu":
-            program = stored_programs.exported(jax.vmap(train), cfg, keys, where)
+        if (
+            where is not None
+            and (not every or _kernel_reports())
+            and jax.default_backend() == "cpu"
+        ):
+            program = stored_programs.exported(jax.vmap(train), cfg, keys, where, every)
             fn = jax.jit(program.call).lower(keys).compile()
         else:
             fn = jax.jit(jax.vmap(train)).lower(keys).compile()
@@ -129,9 +182,11 @@ def compute_cell(
     {"event": "step", "seed": (init, data, quant), "step", "steps", "loss", "grad_norm",
     "loss_scale"} every `every` steps of each seed (default `progress_every`; 0: no step events,
     the compile events only, and the program of a run without them) from inside the
-    compiled loop. The numbers are bit-identical with and without it; the program with the
-    callback is compiled (and cached in this process) apart from the one without, and jax does
-    not write programs with host callbacks to its persistent cache.
+    compiled loop. The numbers are bit-identical with and without it. The program with reports is
+    compiled (and cached) apart from the one without; on the CPU its reports go through a
+    kernel's queue (`fp4lab.core.cpu_kernels.report_step`, drained by a thread while it runs),
+    so jax's persistent cache and the stored programs keep it as they keep the one without;
+    elsewhere, or without the kernels, through a Python callback, which they do not keep.
     """
     # lazy, as the module docstring says: the trainer, the tasks and the summary (which imports
     # the tasks) load flax and optax, which `import fp4lab.sweep` does not
@@ -164,7 +219,11 @@ def compute_cell(
                 _REPORT[0] = _step_reporter(progress, keys, chunk, cfg.steps)
         t0 = time.perf_counter()
         try:
-            arrays = jax.device_get(fn(keys))
+            if every and _kernel_reports():
+                with _Drain():
+                    arrays = jax.device_get(fn(keys))
+            else:
+                arrays = jax.device_get(fn(keys))
         finally:
             _REPORT[0] = None
         wall = (time.perf_counter() - t0) / len(chunk)

@@ -15,8 +15,10 @@ the seed batch's shapes and dtypes, the source files of the fp4lab package, a te
 fp4lab, jax, jaxlib, flax, optax, ml_dtypes, numpy), jax's flags, the backend and whether fp4lab's
 CPU kernels can be built (without them telemetry traces its reference formulas). What it cannot see
 is code that changes fp4lab while it runs (a function patched from an experiment file or a test):
-such runs should turn the cache off (`--no-compile-cache`). Programs with host callbacks (step
-progress) cannot be exported and are not stored.
+such runs should turn the cache off (`--no-compile-cache`). Step reports go through a CPU kernel
+(`fp4lab.core.cpu_kernels.report_step`), so a program with them is stored too (its key counts the
+steps between reports); where the kernels do not build, reports are a Python callback, and such a
+program cannot be exported and is not stored.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ def _source_digest() -> str:
     return digest.hexdigest()
 
 
-def program_key(cfg: Config, keys: Any) -> str:
-    """The key of `cfg`'s training run traced for the seed batch `keys` (module docstring)."""
+def program_key(cfg: Config, keys: Any, every: int = 0) -> str:
+    """The key of `cfg`'s training run traced for the seed batch `keys` (module docstring),
+    with step reports every `every` steps (0: none)."""
     flags = {
         k: repr(v)
         for k, v in sorted(jax.config.values.items())
@@ -84,15 +87,18 @@ def program_key(cfg: Config, keys: Any) -> str:
         # their written-out hash (the same bits, another program)
         "kernels": cpu_kernels.available(),
     }
+    if every:
+        parts["every"] = every
     blob = json.dumps(parts, sort_keys=True, default=repr).encode()
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
-def exported(fn, cfg: Config, keys: Any, where: Path):
-    """The jax.export.Exported of jit(`fn`) at `keys`: loaded from `where` when stored there,
-    else traced, exported and stored. Makes sure the CPU kernels the program calls are
-    registered in this process (loading a program does not trace the code that would)."""
-    path = where / f"{program_key(cfg, keys)}.program"
+def exported(fn, cfg: Config, keys: Any, where: Path, every: int = 0):
+    """The jax.export.Exported of jit(`fn`) at `keys` (`fn` with step reports every `every`
+    steps, 0: none): loaded from `where` when stored there, else traced, exported and stored.
+    Makes sure the CPU kernels the program calls are registered in this process (loading a
+    program does not trace the code that would)."""
+    path = where / f"{program_key(cfg, keys, every)}.program"
     if path.exists():
         try:
             head, _, body = path.read_bytes().partition(b"\n")

@@ -19,8 +19,8 @@ __all__ = ["Progress"]
 class Progress:
     """What a sweep shows while it runs, on stderr: compiles, steps inside cells, an ETA.
 
-    Events come from the executors (`start`, `event`, `finish`); step events are the host
-    callbacks that `compute_cell` compiles into a cell, every k steps. On a terminal the display
+    Events come from the executors (`start`, `event`, `finish`); step events are the
+    reports that `compute_cell` compiles into a cell, every k steps. On a terminal the display
     is a live `rich` progress display (one line for the sweep, one for each batch in flight);
     otherwise (a log file, a pipe) it prints plain lines, no carriage returns, at most one per
     batch every `interval` seconds besides the compile, compiled and done lines:

@@ -159,9 +159,9 @@ def run_experiment(
         `progress` keyword (`compute_cell`) reports compiles and steps from inside a batch.
       progress_every: steps between two reports from inside a batch (0, the default: none,
         only whole batches move the display; None: about 50 per run). Reports change no number
-        (tested bit for bit) but put a host callback into the compiled program, and jax's
-        persistent compilation cache does not store such programs: with reports, every run
-        compiles afresh. Needs the local executor.
+        (tested bit for bit); on the CPU they go through a kernel's queue and the compile
+        caches keep their programs (`fp4lab.sweep.compute.compute_cell`). Needs the local
+        executor.
       stream: append each reported step of each run to `<out>/stream.jsonl` while the sweep
         runs, one JSON object a line (`STREAM_FIELDS`); implies step reports.
       force: run into a folder that holds another experiment's runs (they become stale).

@@ -197,7 +197,7 @@ def _run_phase(
     """Steps [start, stop) under `rules`: (carry, [per-step outputs], [telemetry]).
 
     `report(t, keys, out)`, when given, is called (traced) after every step with its outputs;
-    `make_train` makes it a host callback every k steps that reads and changes nothing, and the
+    `make_train` makes it a side effect every k steps that reads and changes nothing, and the
     scans of one step are then inlined as XLA inlines them without it (bit-identical, tested)."""
     every = cfg.telemetry_every
     model = init_model(task, keys)
@@ -228,10 +228,10 @@ def _run_phase(
         return (carry, rest), (out, metrics)
 
     def scan(body, state, ts):
-        # XLA inlines a loop of one iteration, but not one with side effects (the report's
-        # host callback), and the step then compiles differently (ulps in gradient norms,
-        # telemetry, eval_hp); so with a report a one-step scan is called directly, and the
-        # program keeps the numbers of the one without.
+        # XLA inlines a loop of one iteration, but not one with side effects (the report),
+        # and the step then compiles differently (ulps in gradient norms, telemetry,
+        # eval_hp); so with a report a one-step scan is called directly, and the program keeps
+        # the numbers of the one without.
         if report is not None and len(ts) == 1:
             state, y = body(state, ts[0])
             return state, jax.tree.map(lambda a: a[None], y)
@@ -324,23 +324,22 @@ def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int) -> jax.Array
 
 
 def make_train(
-    config: Config, progress: Callable | None = None, every: int = 1
+    config: Config, emit: Callable | None = None, every: int = 1
 ) -> Callable[[dict[str, jax.Array]], dict[str, Any]]:
     """A pure function keys -> run arrays for `config` (see the module docstring).
 
     Args:
       config: the run's configuration.
-      progress: a host function `progress(done, run, out)` called from inside the compiled
-        loop after every `every`-th step and after the last: `done` the steps done so far,
-        `run` the key data of the run's streams (uint32, `STREAMS` order; it tells the seeds of
-        a vmapped call apart, one call per seed), `out` {loss, grad_norm, loss_scale} of that
-        step. A `jax.debug.callback` behind a `lax.cond` on the (unbatched) step counter: it
-        reads values the step computes anyway and returns nothing, and scans of one step are
-        called directly (XLA inlines them only without a callback), so every result (series,
-        telemetry, evaluation) is bit-identical with and without it (tested on CPU); it runs
-        asynchronously and in no guaranteed order. A program with it is not written to jax's
-        persistent cache.
-      every: steps between two calls of `progress` (>= 1).
+      emit: step reports, called traced `emit(done, run, out)` inside the compiled loop after
+        every `every`-th step and after the last, behind a `lax.cond` on the (unbatched) step
+        counter: `done` the steps done so far (int32), `run` the key data of the run's streams
+        (uint32, `STREAMS` order; it tells the seeds of a vmapped call apart, one call per
+        seed), `out` {loss, grad_norm, loss_scale} of that step. It must read values and
+        return nothing (a side effect: `fp4lab.core.cpu_kernels.report_step`, or a
+        `jax.debug.callback`); scans of one step are then called directly (XLA inlines them
+        only without a side effect), so every result (series, telemetry, evaluation) is
+        bit-identical with and without it (tested on CPU).
+      every: steps between two reports (>= 1).
     """
     cfg = config
     task = make_task(cfg)
@@ -349,12 +348,12 @@ def make_train(
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"make_train: every={every!r}; must be an int >= 1")
     report = None
-    if progress is not None:
+    if emit is not None:
 
         def report(t, keys, out):
             def call():
                 run = jnp.concatenate([jax.random.key_data(keys[s]).ravel() for s in STREAMS])
-                jax.debug.callback(progress, t + 1, run, out)
+                emit(t + 1, run, out)
 
             due = ((t + 1) % every == 0) | (t + 1 == cfg.steps)
             jax.lax.cond(due, call, lambda: None)

@@ -89,7 +89,8 @@ def test_a_cell_from_its_stored_program_is_bit_identical(tmp_path, monkeypatch):
     stored = compute.compute_cell(CFG.to_dict(), SEEDS)  # traced, exported, stored
     (path,) = tmp_path.iterdir()
     head = json.loads(path.read_bytes().partition(b"\n")[0])
-    assert head["kernels"] == (list(cpu_kernels.TARGETS) if cpu_kernels.available() else [])
+    called = ["fp4lab_operand_stats", "fp4lab_threefry"]  # telemetry and the quantizers' keys
+    assert head["kernels"] == (called if cpu_kernels.available() else [])
     made = path.stat().st_mtime_ns, path.stat().st_ino
     compute.clear_cache(CFG)
     loaded = compute.compute_cell(CFG.to_dict(), SEEDS)  # from the stored program
@@ -113,13 +114,32 @@ def test_a_damaged_program_is_traced_again(tmp_path, monkeypatch):
     compute.clear_cache(CFG)
 
 
-def test_a_program_with_step_progress_is_not_stored(tmp_path, monkeypatch):
+def _steps(events: list[dict]) -> list[tuple]:
+    return sorted((e["seed"], e["step"], e["loss"]) for e in events if e["event"] == "step")
+
+
+def test_a_program_with_step_reports_is_stored_and_reports_when_loaded(tmp_path, monkeypatch):
+    # the reports go through the CPU kernel's queue, not a Python callback: the program can be
+    # exported, and a later process loads it and still gets every report
     monkeypatch.setenv(programs.ENV, str(tmp_path))
     compute.clear_cache(CFG)
-    events = []
-    compute.compute_cell(CFG.to_dict(), SEEDS[:1], progress=events.append, every=2)
-    assert any(e["event"] == "step" for e in events)
-    assert not any(tmp_path.iterdir())  # a host callback cannot be exported
+    shown = []
+    first = compute.compute_cell(CFG.to_dict(), SEEDS[:1], progress=shown.append, every=2)
+    stored = list(tmp_path.iterdir())
+    if not cpu_kernels.available():  # a Python callback then, which cannot be exported
+        assert stored == []
+        return
+    (path,) = stored
+    made = path.stat().st_mtime_ns
+    compute.clear_cache(CFG)
+    again_shown = []
+    again = compute.compute_cell(CFG.to_dict(), SEEDS[:1], progress=again_shown.append, every=2)
+    assert path.stat().st_mtime_ns == made  # loaded, not traced and stored again
+    _equal(first, again)
+    steps = [(SEEDS[0], t) for t in (2, 4)]
+    assert [(s, t) for s, t, _ in _steps(shown)] == steps
+    assert _steps(again_shown) == _steps(shown)
+    _equal(first, compute.compute_cell(CFG.to_dict(), SEEDS[:1]))  # as without reports
     compute.clear_cache(CFG)
 
 

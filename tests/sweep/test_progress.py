@@ -31,9 +31,10 @@ def _differs(a: dict, b: dict) -> list[str]:
 
 def test_progress_callback_leaves_every_result_unchanged():
     cfg, every = PHASED, 1
-    # SR and telemetry on, 3 seeds in calls of 2 (one padded): the host callback behind a
-    # lax.cond under vmap reads the step's outputs; every number of every run (series,
-    # telemetry, summary with eval_hp) is bit-identical to the program without it. (XLA inlines
+    # SR and telemetry on, 3 seeds in calls of 2 (one padded): the step report (the CPU
+    # kernel's queue, or a Python callback) behind a lax.cond under vmap reads the step's
+    # outputs; every number of every run (series, telemetry, summary with eval_hp) is
+    # bit-identical to the program without it. (XLA inlines
     # one-iteration loops only without side effects: the trainer unrolls them itself.)
     seeds = SEEDS
     plain = sweep.compute_cell(cfg.to_dict(), seeds)
@@ -131,7 +132,7 @@ def test_progress_every_and_stream_are_checked(tmp_path):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_compiles_are_shown_with_any_number_of_workers(tmp_path, workers):
     """Without step reports (the default) every compile is still a line, in worker processes
-    too; and the program compiled is the one without host callbacks."""
+    too; and the program compiled is the one without step reports."""
     path = tmp_path / "exp.py"
     path.write_text(
         textwrap.dedent(
@@ -151,6 +152,16 @@ def test_compiles_are_shown_with_any_number_of_workers(tmp_path, workers):
         assert f"compiling cell {cell} (seeds 0-1) ..." in text, text
         assert re.search(rf"compiled cell {cell} \(seeds 0-1\) in \d+s", text), text
     assert ": step " not in text
+    if workers == 2:  # and with reports asked for, steps too, from the worker processes
+        log.truncate(0)
+        try:
+            runner.Progress = lambda *a, **k: bar(*a, **(k | {"stream": log, "interval": 0}))
+            sweep.run_experiment(
+                sweep.load_experiment(path), tmp_path / "s", workers=2, progress_every=2
+            )
+        finally:
+            runner.Progress = bar
+        assert re.search(r": step \d+/\d+", log.getvalue()), log.getvalue()
 
 
 @pytest.mark.slow
