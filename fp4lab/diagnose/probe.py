@@ -1,0 +1,192 @@
+"""Stage 1's measurements: every gate variant of one model, at fixed weights, in one program.
+
+`Probe(task, recipe)` builds the task's model under `recipe` with gates in front of every
+quantized op (`fp4lab.diagnose.gate`), and compiles one program
+
+    measure(params, rest, batch, variants) -> {metric: (V, ...)}, shadow loss
+
+that runs the high-precision shadow (all gates 0) and each row of `variants` (V, 3 * sites) on
+the same weights, batch and quantization keys, and compares each variant with the shadow:
+
+    loss         the variant's loss on the batch
+    grad_rel     ||g_v - g|| / ||g|| over every parameter (g: the shadow's gradient)
+    grad_cos     cos(g_v, g)
+    update_loss  1 - <g, g_v> / ||g||^2: the share of the first-order loss decrease of one
+                 gradient step that a step along g_v loses (the step size cancels)
+    y, dy        (V, sites): ||a_v - a|| / ||a|| of each layer's output and of the cotangent
+                 arriving at it (the accumulated drift, forward and backward)
+    dx, dw       (V, sites): the same for the gradients each layer's Dgrad and Wgrad give
+
+The weights, the rest of the model's state (its quantization keys: a quant seed is other
+numbers there, `rest_for`), the batch and the variants are arguments of fixed shapes: one trace
+and one compile serve every checkpoint, batch, quant seed and variant (`compiles` counts them).
+`checkpoints` trains the model a short while under the recipe (the trainer's optimizer and
+batches) and keeps the weights at the steps asked for.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from fp4lab.core import recipes
+from fp4lab.core.stats import cosine, relative_drift
+from fp4lab.diagnose import gate
+from fp4lab.nnx.rules import Rule, quantize_model
+from fp4lab.train.config import Config
+from fp4lab.train.tasks import Task, eval_batch, init_model, train_batch
+from fp4lab.train.trainer import make_keys, make_optimizer
+
+__all__ = ["Probe", "KINDS", "variants", "checkpoints"]
+
+KINDS = ("y", "dx", "dw", "dy")  # per-layer drifts, `Probe.measure`
+_LANE = {"fprop": "y", "dgrad": "dx", "wgrad": "dw"}  # the tensor each GEMM gives
+
+
+def variants(n_sites: int) -> np.ndarray:
+    """The gate rows stage 1 measures, (1 + 2K, K) with K = 3 * n_sites: all quantized; each
+    GEMM alone quantized (row 1 + k); each GEMM alone kept in high precision (row 1 + K + k)."""
+    k = 3 * n_sites
+    eye = np.eye(k, dtype=np.float32)
+    return np.concatenate([np.ones((1, k), np.float32), eye, 1 - eye])
+
+
+class Probe:
+    """The task's model under `recipe`, gated, and its one compiled measuring program."""
+
+    def __init__(self, task: Task, recipe, keys: dict, *, chunk: int = 16):
+        """task: a `fp4lab.train.tasks.Task`; recipe: the quantized recipe (name or value);
+        keys: the streams (`make_keys`) whose init builds the model and whose data gives the
+        batch traced for shapes. chunk: variants vectorized at a time."""
+        self.task, self.recipe = task, recipes.get(recipe)
+        self.chunk = chunk
+        self.model = self._model(keys, jax.random.fold_in(keys["quant"], 0))
+        self.trace = gate.attach(self.model, task.loss, eval_batch(task, keys, 0))
+        self.sites = gate.sites(self.model, self.trace)
+        self.graphdef = nnx.graphdef(self.model)
+        self._traces = 0
+        self._measure = jax.jit(self._program)
+
+    def _model(self, keys, qkey):
+        model = init_model(self.task, keys)
+        quantize_model(model, [Rule(".*", self.recipe)], key=qkey)
+        return gate.gate_model(model)
+
+    def rest_for(self, keys, quant_key) -> nnx.State:
+        """The model's non-Param state (gates, taps, quantization keys) under a quant key."""
+        model = self._model(keys, quant_key)
+        for op, ref in zip(gate.gated_ops(model), gate.gated_ops(self.model), strict=True):
+            for name in ("tap_x", "tap_w", "tap_y", "seen"):
+                var = getattr(ref, name)
+                setattr(op, name, type(var)(jnp.zeros_like(var[...])))
+        gate.measure(model, True)
+        return nnx.split(model, nnx.Param, ...)[2]
+
+    def compiles(self) -> int:
+        """How many times the measuring program was traced (one per compile)."""
+        return self._traces
+
+    def measure(self, params, rest, batch, gates: np.ndarray) -> tuple[dict, float]:
+        """({metric: (V, ...) numpy}, shadow loss) of the variants `gates` (V, 3 * sites)."""
+        gates = jnp.asarray(gates, jnp.float32)
+        out, loss = self._measure(params, rest, batch, gates)
+        return {k: np.asarray(v) for k, v in out.items()}, float(loss)
+
+    def _outputs(self, params, rest, batch, gates):
+        """(loss, flat gradient, {kind: [per-site tensors]}) of one gate vector."""
+        model = nnx.merge(self.graphdef, params, rest)
+        gate.set_gates(model, gates)
+        diff = nnx.DiffState(0, nnx.Any(nnx.Param, gate.Tap))
+        loss, grads = nnx.value_and_grad(self.task.loss, argnums=diff)(model, batch)
+        g_params, taps = nnx.split_state(grads, nnx.Param, gate.Tap)
+        nnx.update(model, taps)
+        flat = jnp.concatenate(
+            [jnp.ravel(g).astype(jnp.float32) for g in jax.tree.leaves(g_params)]
+        )
+        ops = gate.gated_ops(model)
+        lanes = {"y": "seen", "dx": "tap_x", "dw": "tap_w", "dy": "tap_y"}
+        tensors = {k: [] for k in KINDS}
+        for site in self.sites:
+            op = ops[site.op]
+            for kind, name in lanes.items():
+                a = getattr(op, name)[...]
+                tensors[kind].append(a[site.row] if op.stacked else a)
+        return loss, flat, tensors
+
+    def _program(self, params, rest, batch, gates):
+        self._traces += 1
+        zeros = jnp.zeros(gates.shape[-1], jnp.float32)
+        loss_s, g_s, t_s = self._outputs(params, rest, batch, zeros)
+        norm2 = jnp.maximum(jnp.vdot(g_s, g_s), jnp.finfo(jnp.float32).tiny)
+
+        def one(params, rest, row):
+            loss, g, t = self._outputs(params, rest, batch, row)
+            out = {
+                k: jnp.stack([relative_drift(a, b) for a, b in zip(t[k], t_s[k], strict=True)])
+                for k in KINDS
+            }
+            out["loss"] = loss
+            out["grad_rel"] = relative_drift(g, g_s)
+            out["grad_cos"] = cosine(g, g_s)
+            out["update_loss"] = 1 - jnp.vdot(g_s, g) / norm2
+            return out
+
+        # chunks of rows under vmap, one after another under scan; the weights ride in the
+        # carry (an nnx model is merged at the trace level where it is changed)
+        n, k = gates.shape
+        size = min(self.chunk, n)
+        pad = -n % size
+        rows = jnp.concatenate([gates, jnp.zeros((pad, k), gates.dtype)]).reshape(-1, size, k)
+
+        def body(carry, chunk):
+            params, rest = carry
+            return carry, jax.vmap(one, in_axes=(None, None, 0))(params, rest, chunk)
+
+        out = jax.lax.scan(body, (params, rest), rows)[1]
+        return {name: a.reshape(-1, *a.shape[2:])[:n] for name, a in out.items()}, loss_s
+
+
+def lane(gemm: str) -> str:
+    """The per-layer tensor a GEMM gives: Fprop y, Dgrad dx, Wgrad dw."""
+    return _LANE[gemm]
+
+
+def checkpoints(task: Task, cfg: Config, recipe, keys: dict, steps) -> list:
+    """The model's Params after each of `steps` optimizer steps (0: at initialization) of one
+    run under `recipe` on the task's training batches, with the config's optimizer: one
+    scanned program that keeps the weights at those steps."""
+    steps = sorted(set(int(s) for s in steps))
+    model = init_model(task, keys)
+    quantize_model(model, [Rule(".*", recipe)], key=jax.random.fold_in(keys["quant"], 0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = make_optimizer(cfg)
+    at = jnp.asarray(steps, jnp.int32)
+
+    def step(carry, t):
+        params, rest, opt_state, kept = carry
+        m = nnx.merge(graphdef, params, rest)
+        batch = train_batch(task, keys, t)
+        grads = nnx.grad(task.loss, argnums=nnx.DiffState(0, nnx.Param))(m, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        hit = at == t + 1  # the checkpoints taken after this step
+
+        def keep(buf, p):
+            return jnp.where(hit.reshape(-1, *([1] * p.ndim)), p[None], buf)
+
+        kept = jax.tree.map(keep, kept, params)
+        return (params, nnx.state(m, nnx.Not(nnx.Param)), opt_state, kept), None
+
+    kept = jax.tree.map(lambda p: jnp.broadcast_to(p, (len(steps), *p.shape)), params)
+    carry = (params, rest, tx.init(params), kept)
+    if steps[-1] > 0:
+        carry = jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(steps[-1]))[0])(carry)
+    return [jax.tree.map(lambda b, i=i: b[i], carry[3]) for i in range(len(steps))]
+
+
+def quant_keys(seeds) -> list:
+    """The quantization key of each quant seed (the trainer's phase-0 key of that seed)."""
+    return [jax.random.fold_in(make_keys(quant=int(s))["quant"], 0) for s in seeds]
