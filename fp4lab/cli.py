@@ -13,6 +13,8 @@ fp4lab report RESULTS      one self-contained HTML page: RESULTS/report.html
 fp4lab export --tensorboard RESULTS [--out LOGDIR]
                            every run's metrics as TensorBoard scalars, one folder per run
                            (default LOGDIR: RESULTS/tensorboard)
+fp4lab diagnose EXPERIMENT [--verify] [--out DIR]
+                           which layers and GEMMs to keep in high precision (docs/diagnose.md)
 fp4lab formats | demo      the element formats; a tour of the toolkit
 
 Options are never abbreviated (`--seed` is an error, not `--seeds`). A folder given to show,
@@ -546,6 +548,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", metavar="LOGDIR", help="where to write (default: RESULTS/tensorboard)"
     )
     export.set_defaults(func=_export)
+
+    from fp4lab.diagnose import command as diagnose_command  # the standard library only
+
+    diagnose_command.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,98 @@
+"""`fp4lab diagnose EXPERIMENT.py`: its options and what it prints.
+
+Only the standard library at import (`fp4lab --help` stays fast); the study itself is loaded
+when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import fp4lab.diagnose as package
+
+__all__ = ["add_parser", "main"]
+
+HELP = "which layers and GEMMs to keep in high precision: scores, ranking, rules, verification"
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    try:
+        steps = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        steps = ()
+    if not steps or min(steps) < 0:
+        raise argparse.ArgumentTypeError(f"need steps >= 0 separated by commas, got {text!r}")
+    return steps
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}, got {text!r}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Adds the `diagnose` subcommand to the subparsers `sub`."""
+    p = sub.add_parser("diagnose", help=HELP, description=HELP)
+    p.add_argument("experiment", help="an experiment file (its get_config() and its model)")
+    p.add_argument("--out", metavar="DIR", help="outputs (default: results/<file>-diagnose)")
+    p.add_argument("--recipe", default="nvfp4", help="the FP4 recipe (default nvfp4)")
+    p.add_argument("--hp", default="bf16", help="the recipe of kept GEMMs (default bf16)")
+    p.add_argument("--score", default="removed_grad_rel", help="the ranking score")
+    p.add_argument(
+        "--budget",
+        type=_positive(float),
+        default=0.1,
+        help="share of GEMM FLOPs kept in high precision (default 0.1)",
+    )
+    p.add_argument(
+        "--checkpoints",
+        type=_steps,
+        default=(0, 50, 100),
+        metavar="S,S,...",
+        help="steps of the short run whose weights are measured (default 0,50,100)",
+    )
+    p.add_argument("--batches", type=_positive(int), default=3, help="batches per checkpoint")
+    p.add_argument("--quant-seeds", type=_positive(int), default=3, help="quant seeds per batch")
+    p.add_argument("--verify", action="store_true", help="stage 2: train the sets and compare")
+    p.add_argument("--verify-steps", type=_positive(int), metavar="N", help="steps of stage 2")
+    p.add_argument("--verify-seeds", type=_positive(int), default=4, help="seeds of stage 2")
+    p.add_argument("--quiet", action="store_true", help="no progress bar in stage 2")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args) -> int:
+    """Runs the diagnosis of `args` and prints the ranking, the rules and the summary."""
+    out = Path(args.out or Path("results") / f"{Path(args.experiment).stem}-diagnose")
+    try:
+        names = ("recipe", "hp", "score", "budget", "checkpoints", "batches", "quant_seeds")
+        names += ("verify", "verify_steps", "verify_seeds")
+        options = {name: getattr(args, name) for name in names}
+        d = package.diagnose(
+            experiment=args.experiment, out=out, progress=not args.quiet, **options
+        )
+    except ValueError as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"fp4lab diagnose: error: {message}", file=sys.stderr)
+        return 2
+    shown = ["rank", "layer", "gemm", d.score, f"{d.score}_lo", f"{d.score}_hi", "flop_share"]
+    print(d.table[shown].head(10).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(f"\n# kept in {d.hp}: {d.share:.1%} of GEMM FLOPs")
+    print(d.rules_source)
+    if d.gap is not None:
+        print(d.gap.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        print()
+    print(d.summary)
+    print(f"\nwritten to {out}/ (ranking.csv, sensitivity.png, rules.py, summary.txt, ...)")
+    return 0

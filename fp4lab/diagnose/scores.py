@@ -1,0 +1,128 @@
+"""Stage 1's scores: per layer and GEMM, from the variants `fp4lab.diagnose.probe` measures.
+
+Every score is "higher = more sensitive", per sample (a checkpoint, a batch and a quant seed):
+
+    own_error            the GEMM's own error: ||r_q - r|| / ||r|| of its result (Fprop y,
+                         Dgrad dx, Wgrad dw) when it alone is quantized (its inputs are the
+                         shadow's)
+    alone_fwd            mean over layers of the relative drift of their outputs when the GEMM
+                         alone is quantized (the forward drift it causes downstream)
+    alone_bwd            the same for the cotangents arriving at the layers (backward drift)
+    alone_grad_rel       ||g_v - g|| / ||g|| of the full gradient, the GEMM alone quantized
+    alone_grad_angle     1 - cos(g_v, g), the same
+    alone_update_loss    share of one gradient step's first-order loss decrease lost
+                         (1 - <g, g_v> / ||g||^2), the same
+    alone_loss           loss_v - loss (the forward's effect on the loss), the same
+    removed_fwd          alone_fwd's measure of the all-FP4 model minus that of the model with
+                         only this GEMM kept in high precision: the drift keeping it removes
+    removed_bwd, removed_grad_rel, removed_update_loss   the same for those measures
+
+`summarize` gives each score's mean over the samples with a t-interval (the samples are
+treated as independent draws; they are a crossed design of checkpoints, batches and quant
+seeds, so the interval is a guide, narrower than one that models the crossing), and
+`agreement` the rank correlation (Spearman) of the scores' means across the layer x GEMM
+table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fp4lab.analysis.intervals import t_interval
+from fp4lab.schema import GEMMS
+
+__all__ = ["SCORES", "sample_rows", "summarize", "agreement", "rank"]
+
+SCORES = (
+    "own_error",
+    "alone_fwd",
+    "alone_bwd",
+    "alone_grad_rel",
+    "alone_grad_angle",
+    "alone_update_loss",
+    "alone_loss",
+    "removed_fwd",
+    "removed_bwd",
+    "removed_grad_rel",
+    "removed_update_loss",
+)
+_LANE = {"fprop": "y", "dgrad": "dx", "wgrad": "dw"}
+
+
+def _mean_finite(a: np.ndarray) -> np.ndarray:
+    """Mean over the last axis of the finite values (a layer whose shadow tensor is zero has an
+    infinite relative drift and is left out)."""
+    ok = np.isfinite(a)
+    with np.errstate(invalid="ignore"):
+        return np.where(ok, a, 0).sum(-1) / ok.sum(-1)
+
+
+def sample_rows(out: dict, shadow_loss: float, sites, sample: dict) -> pd.DataFrame:
+    """One row per layer and GEMM of one sample: its scores (module docstring).
+
+    Args:
+      out: `Probe.measure`'s metrics of `probe.variants(len(sites))`.
+      shadow_loss: the shadow's loss on the batch.
+      sites: `Probe.sites`. sample: columns naming the sample (checkpoint, batch, quant).
+    """
+    n = len(sites)
+    k = 3 * n
+    fwd, bwd = _mean_finite(out["y"]), _mean_finite(out["dy"])
+    angle = 1 - out["grad_cos"]
+    rows = []
+    for i, site in enumerate(sites):
+        for j, gemm in enumerate(GEMMS):
+            a, kept = 1 + 3 * i + j, 1 + k + 3 * i + j
+            row = dict(sample) | {"layer": site.layer, "gemm": gemm}
+            row |= {
+                "own_error": out[_LANE[gemm]][a, i],
+                "alone_fwd": fwd[a],
+                "alone_bwd": bwd[a],
+                "alone_grad_rel": out["grad_rel"][a],
+                "alone_grad_angle": angle[a],
+                "alone_update_loss": out["update_loss"][a],
+                "alone_loss": out["loss"][a] - shadow_loss,
+                "removed_fwd": fwd[0] - fwd[kept],
+                "removed_bwd": bwd[0] - bwd[kept],
+                "removed_grad_rel": out["grad_rel"][0] - out["grad_rel"][kept],
+                "removed_update_loss": out["update_loss"][0] - out["update_loss"][kept],
+            }
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summarize(samples: pd.DataFrame, sites, *, level: float = 0.95) -> pd.DataFrame:
+    """One row per layer and GEMM: depth, flops (of the GEMM, one forward), and each score's
+    mean with `<score>_lo`, `<score>_hi` (a t-interval over the samples at `level`)."""
+    meta = {s.layer: s for s in sites}
+    rows = []
+    for (layer, gemm), g in samples.groupby(["layer", "gemm"], sort=False):
+        row = {"layer": layer, "gemm": gemm, "depth": meta[layer].depth}
+        row["flops"] = meta[layer].flops
+        row["samples"] = len(g)
+        for score in SCORES:
+            ci = t_interval(g[score].to_numpy(np.float64), level)
+            row |= {score: ci.estimate, f"{score}_lo": ci.lo, f"{score}_hi": ci.hi}
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table["flop_share"] = table["flops"] / table["flops"].sum()
+    return table
+
+
+def agreement(table: pd.DataFrame, scores=SCORES) -> pd.DataFrame:
+    """Spearman rank correlation of the scores' means across the rows of `summarize`'s table
+    (score x score; NaN where a score is constant)."""
+    return table[list(scores)].astype(np.float64).corr(method="spearman")
+
+
+def rank(table: pd.DataFrame, score: str) -> pd.DataFrame:
+    """`table` sorted by `score`, most sensitive first (ties: shallower layer first, then
+    Fprop, Dgrad, Wgrad), with a 1-based `rank` column."""
+    if score not in SCORES:
+        raise ValueError(f"score {score!r}; allowed: {', '.join(SCORES)}")
+    order = table.assign(_g=table["gemm"].map(GEMMS.index))
+    order = order.sort_values([score, "depth", "_g"], ascending=[False, True, True], kind="stable")
+    order = order.drop(columns="_g").reset_index(drop=True)
+    order.insert(0, "rank", np.arange(1, len(order) + 1))
+    return order

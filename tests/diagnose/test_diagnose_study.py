@@ -1,0 +1,179 @@
+"""fl.diagnose and `fp4lab diagnose` end to end on a tiny model with one planted sensitive GEMM."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pandas as pd
+import pytest
+from flax import nnx
+
+import fp4lab as fl
+from fp4lab import cli
+from fp4lab.diagnose import choose
+
+PLANTED = '''
+"""A tiny MLP whose first layer's Wgrad alone sees a few huge tokens (the loss ignores them)."""
+import jax
+import jax.numpy as jnp
+from flax import nnx
+import fp4lab as fl
+
+D = 16
+HUGE = {huge}
+
+
+class Net(nnx.Module):
+    def __init__(self, rngs):
+        self.a = nnx.Linear(D, 32, rngs=rngs)
+        self.b = nnx.Linear(32, 32, rngs=rngs)
+        self.c = nnx.Linear(32, D, rngs=rngs)
+
+    def __call__(self, x):
+        return self.c(jnp.tanh(self.b(jnp.tanh(self.a(x)))))
+
+
+def model(config, rngs):
+    return Net(rngs)
+
+
+def loss(model, batch):
+    x, y, w = batch
+    return jnp.sum(w[:, None] * (model(x) - y) ** 2) / jnp.sum(w) / D
+
+
+def batch(key, step):
+    kx, kn = jax.random.split(key)
+    x = jax.random.normal(kx, (32, D))
+    big = (jnp.arange(32) % 16) == 0  # one token in 16: huge in x, weight 0 in the loss
+    x = jnp.where(big[:, None], HUGE * x, x)
+    y = jnp.sin(x) + 0.1 * jax.random.normal(kn, (32, D))
+    return x, y, jnp.where(big, 0.0, 1.0)
+
+
+def get_config():
+    return fl.Config(batch_size=32, steps=20, lr=1e-2, warmup=2, eval_batches=2)
+
+
+def sweep(add):
+    add(recipe="nvfp4")
+'''
+ARGS = dict(checkpoints=(0, 10), batches=2, quant_seeds=2)
+
+
+def _file(folder, huge=1e4):
+    path = folder / f"planted_{int(huge)}.py"
+    path.write_text(PLANTED.format(huge=huge))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("diagnose")
+    path, out = _file(folder), folder / "out"
+    argv = ["diagnose", str(path), "--out", str(out), "--checkpoints", "0,10", "--batches", "2",
+            "--quant-seeds", "2"]  # fmt: skip
+    rc = cli.main(argv)
+    return rc, path, out
+
+
+def test_the_cli_writes_every_output(cli_run, capsys):
+    rc, _, out = cli_run
+    assert rc == 0
+    for name in ("ranking.csv", "samples.csv", "agreement.csv", "rules.py", "sensitivity.png",
+                 "summary.txt"):  # fmt: skip
+        assert (out / name).stat().st_size > 0, name
+    summary = (out / "summary.txt").read_text()
+    assert "1 compile(s)" in summary and "a Wgrad" in summary
+
+
+def test_the_planted_wgrad_ranks_first_by_the_default_score_and_its_own_error(cli_run):
+    table = pd.read_csv(cli_run[2] / "ranking.csv")
+    assert (table.loc[0, "layer"], table.loc[0, "gemm"]) == ("a", "wgrad")
+    assert table.loc[0, "removed_grad_rel_lo"] > table.loc[1:, "removed_grad_rel_hi"].max()
+    own = table.sort_values("own_error", ascending=False)
+    assert (own.iloc[0]["layer"], own.iloc[0]["gemm"]) == ("a", "wgrad")
+    assert own.iloc[0]["own_error"] > 10 * own.iloc[1]["own_error"]
+    assert len(table) == 9 and table["samples"].eq(2 * 2 * 2).all()
+
+
+def test_without_the_outliers_the_same_gemm_is_not_singled_out(tmp_path):
+    d = fl.diagnose(experiment=_file(tmp_path, huge=1), **ARGS)
+    row = d.table.set_index(["layer", "gemm"]).loc[("a", "wgrad")]
+    assert row["own_error"] < 1  # an ordinary FP4 error, not the planted one (> 10)
+    assert d.compiles == 1
+
+
+def test_same_seeds_give_the_same_csv(cli_run, tmp_path):
+    _, path, out = cli_run
+    fl.diagnose(experiment=path, out=tmp_path, **ARGS)
+    for name in ("ranking.csv", "samples.csv", "agreement.csv", "rules.py"):
+        assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def test_the_printed_rules_run_unchanged_through_quantize_model(cli_run):
+    source = (cli_run[2] / "rules.py").read_text()
+    scope = {}
+    exec(source, scope)  # the printed text, as a user pastes it
+    rules = scope["rules"]
+    assert [r.path for r in rules] == ["a", ".*"]
+    assert rules[0].recipe.wgrad_x == fl.recipes.get("bf16").wgrad_x
+    assert rules[0].recipe.fprop_x == fl.recipes.get("nvfp4").fprop_x
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.a, self.b = nnx.Linear(16, 32, rngs=rngs), nnx.Linear(32, 16, rngs=rngs)
+
+    model = fl.quantize_model(Net(nnx.Rngs(0)), rules, key=jax.random.key(0))
+    table = fl.describe(model).set_index("path")["recipe"]
+    assert table["a"] == "nvfp4+wgrad=bf16" and table["b"] == "nvfp4"
+    fl.Config(recipe="nvfp4", rules=tuple((r.path, r.recipe) for r in rules[:-1]))
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    path = _file(tmp_path)
+    assert cli.main(["diagnose", str(path), "--score", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "score='nope'" in err
+    assert cli.main(["diagnose", str(tmp_path / "missing.py")]) == 2
+    assert "no such experiment file" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="budget"):
+        fl.diagnose(experiment=path, budget=2.0)
+
+
+def test_a_model_of_your_own_from_python():
+    def model(config, rngs):
+        return nnx.Sequential(
+            nnx.Linear(16, 16, rngs=rngs), jnp.tanh, nnx.Linear(16, 16, rngs=rngs)
+        )
+
+    def loss(model, batch):
+        return jnp.mean((model(batch) - jnp.roll(batch, 1, axis=-1)) ** 2)
+
+    def batch(key, step):
+        return jax.random.normal(key, (16, 16))
+
+    d = fl.diagnose(model, loss, batch, config=fl.Config(batch_size=16, steps=4),
+                    checkpoints=(0, 4), batches=1, quant_seeds=1)  # fmt: skip
+    assert sorted(set(d.table["layer"])) == ["layers.0", "layers.2"]
+    # six GEMMs of equal cost: none fits a 10 % budget, and the first one is kept anyway
+    assert len(d.chosen) == 1 and d.share == pytest.approx(choose.share(d.table, d.chosen))
+    assert d.share == pytest.approx(1 / 6)
+    assert re.search(r"costs \d+\.\d% of GEMM FLOPs", d.summary)
+
+
+def test_verify_trains_the_sets_and_reports_the_gap_they_close(tmp_path):
+    d = fl.diagnose(experiment=_file(tmp_path), out=tmp_path / "out", verify=True,
+                    verify_steps=12, progress=False, **ARGS)  # fmt: skip
+    gap = d.gap.set_index("cell")
+    assert list(gap.index) == ["fp4", "hp", "top-k", "random-k", "last-blocks"]
+    assert (gap["pairs"] == 4).all()
+    assert gap.loc["fp4", "gap_closed"] == 0 and gap.loc["hp", "gap_closed"] == 1
+    assert gap.loc["top-k", "flop_share"] == pytest.approx(d.share)
+    assert gap.loc["random-k", "flop_share"] <= d.share + 1e-12
+    assert gap.loc["top-k", "lo"] <= gap.loc["top-k", "gap_closed"] <= gap.loc["top-k", "hi"]
+    # the planted Wgrad kept in BF16 closes most of the gap; random GEMMs do not
+    assert gap.loc["top-k", "gap_closed"] > 0.5 > gap.loc["random-k", "gap_closed"]
+    assert set(d.versus["against"]) == {"random-k", "last-blocks"}
+    assert "beats random-k" in d.summary
+    assert (tmp_path / "out" / "verify.csv").is_file()
