@@ -10,6 +10,7 @@ fp4lab show RESULTS        the summary table: loss gap with a seed interval, div
 fp4lab show RESULTS --stale    the same for the stale runs (the file no longer asks for them)
 fp4lab plot RESULTS        the standard figures, as PNG files in RESULTS/figures
 fp4lab report RESULTS      one self-contained HTML page: RESULTS/report.html
+fp4lab compact RESULTS     a finished sweep's per-run files as one Parquet dataset
 fp4lab export --tensorboard RESULTS [--out LOGDIR]
                            every run's metrics as TensorBoard scalars, one folder per run
                            (default LOGDIR: RESULTS/tensorboard)
@@ -203,19 +204,21 @@ def _ls(args) -> int:
     from fp4lab.sweep.cells import checked
 
     path = Path(args.results)
-    folders = [path] if (path / "runs").exists() else sorted(p.parent for p in path.glob("*/runs"))
+    kept = ("runs", "compact")  # per-run files, a compacted dataset (`fp4lab.sweep.compact`)
+    folders = [path] if any((path / k).exists() for k in kept) else []
+    folders = folders or sorted({p.parent for k in kept for p in path.glob(f"*/{k}")})
     if not folders:
         print(f"{path}: no results here")
         return 1
     for folder in folders:
-        st = store.Store(folder)
+        st = store.Store(folder)  # what follows reads its index only (`fp4lab.sweep.index`)
         manifest = st.experiment() or {}
-        records = {r["run_id"]: r for r in st.records()}
+        records = {r["run_id"]: r for r in st.summaries()}
         print(f"{folder}  ({manifest.get('name', folder.name)})")
-        listed = manifest.get("cells") and checked(manifest, [*records.values()], store.config_id)
+        listed = manifest.get("cells") and checked(manifest, [*records.values()], st.config_ids())
         current = {rid for c in listed or () for rid in c["run_ids"]} or records  # as store.load
         if current is records:  # no manifest, or one that pools no run: the records' labels
-            listed = _cells_of(store.label_runs([*records.values()], {}))
+            listed = _cells_of(store.label_runs([*records.values()], {}, ids=st.config_ids()))
         for cell in listed:
             rs = [records.get(r) for r in cell["run_ids"]]
             ok = sum(r is not None and r["status"] == "ok" for r in rs)
@@ -225,6 +228,18 @@ def _ls(args) -> int:
         stale = sum(rid not in current for rid in records)
         if stale:
             print(f"  stale: {stale} runs the experiment file no longer asks for (show --stale)")
+    return 0
+
+
+def _compact(args) -> int:
+    from fp4lab.sweep import compact
+
+    counts = compact.compact(_results_folder(args.results))
+    where = f"part {counts['part']} of {args.results}/{compact.FOLDER}"
+    print(
+        f"{args.results}: {counts['runs']} runs compacted"
+        + (f" into {where}" if counts["part"] else "")
+    )
     return 0
 
 
@@ -525,6 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("show", _show, "the summary table of a results folder"),
         ("plot", _plot, "write the standard figures (PNG)"),
         ("report", _report, "write one self-contained HTML page"),
+        ("compact", _compact, "move the per-run files into one Parquet dataset"),
     ):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("results", help="a results folder")

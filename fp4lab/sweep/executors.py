@@ -1,8 +1,9 @@
 """The local executors: cells computed in this process, or in worker processes.
 
 An executor receives the unfinished work, `[(cell, seeds)]`, a `compute(config_dict, seeds)`
-function to run on it and a `finish(cell, seeds, results, error)` callback; it never imports
-the runner. Workers compute and return plain data; the driver calls `finish`, which writes the
+function to run on it and a `finish(index, results, error)` callback, `index` being the batch's
+place in the work list (the runner knows its cell, seeds and run ids); it never imports the
+runner. Workers compute and return plain data; the driver calls `finish`, which writes the
 store, so a worker never touches the disk. `fp4lab.sweep.ray` is the cluster executor.
 
 Progress: given a `progress(index, event)` sink and a `compute` that takes a `progress`
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 Compute = Callable[[dict[str, Any], list], list[dict]]  # (config dict, seeds) -> [per seed]
-Finish = Callable[[Any, list, list[dict] | None, str | None], None]  # (cell, seeds, res, err)
+Finish = Callable[[int, list[dict] | None, str | None], None]  # (index in the work, res, err)
 Sink = Callable[[int, dict[str, Any]], None]  # (index of the batch in the work, event)
 _QUEUE: list = [None]  # in a worker process: where its progress events go
 MAX_RETRIES = 3  # tries of a batch whose worker process died, after the first (as Ray's default)
@@ -93,7 +94,7 @@ def run_local(
     for i, (cell, seeds) in enumerate(todo):
         sink = functools.partial(progress, i) if report else None
         results, error = attempt(compute, cell.config.to_dict(), seeds, sink)
-        finish(cell, seeds, results, error)
+        finish(i, results, error)
 
 
 class _Forward:
@@ -222,9 +223,8 @@ def run_processes(
                     queue.appendleft(i)
                     then = f"retrying it in a new worker (try {lost[i] + 1} of {max_retries + 1})"
                 else:
-                    cell, seeds = todo[i]
                     why = f"the worker computing this batch died each time ({lost[i]} times)"
-                    finish(cell, seeds, None, f"{why}; {max_retries=}")
+                    finish(i, None, f"{why}; {max_retries=}")
                     then = f"recorded as failed after {lost[i]} tries"
             if broken:
                 print(
@@ -268,6 +268,5 @@ def _drain(pool, todo, left, finish, compute, workers: int, report: bool) -> lis
             except BrokenProcessPool:
                 broken.append(i)
                 continue
-            cell, seeds = todo[i]
-            finish(cell, seeds, results, error)
+            finish(i, results, error)
     return sorted(broken)

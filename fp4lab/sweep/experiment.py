@@ -58,7 +58,7 @@ from typing import Any
 from fp4lab.core.recipes import GemmRecipe
 from fp4lab.core.spec import QuantSpec
 from fp4lab.schema import SEED_LIMIT, STREAMS, did_you_mean
-from fp4lab.sweep.store import config_id, data_hashes, run_id
+from fp4lab.sweep.store import config_id, data_hashes, run_ids
 from fp4lab.train import own
 from fp4lab.train.config import Config, ConfigError, jsonable, make
 
@@ -88,9 +88,11 @@ class Cell:
     data: dict[str, str] = dataclasses.field(default_factory=dict)  # data file hashes
 
     def run_ids(self) -> list[str]:
-        """The run id of each seed triple (config, seeds, data hashes, numerics version)."""
-        cfg = self.config.to_dict()
-        return [run_id(cfg, s, self.data) for s in self.seeds]
+        """The run id of each seed triple (config, seeds, data hashes, numerics version),
+        computed once per cell."""
+        if "ids" not in self.__dict__:  # frozen: kept beside the fields, as cached_property does
+            self.__dict__["ids"] = run_ids(self.config.to_dict(), self.seeds, self.data)
+        return list(self.__dict__["ids"])
 
 
 @dataclasses.dataclass(frozen=True)

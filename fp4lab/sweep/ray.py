@@ -42,7 +42,15 @@ from typing import Any
 from fp4lab.sweep import reaper
 from fp4lab.sweep.executors import Compute, Finish, attempt
 
-__all__ = ["RayNotInstalled", "RayUnreachable", "check_address", "import_ray", "run", "cancel"]
+__all__ = [
+    "RayNotInstalled",
+    "RayUnreachable",
+    "cancel",
+    "check_address",
+    "check_options",
+    "import_ray",
+    "run",
+]
 
 INSTALL = "pip install 'fp4lab[ray]'"
 
@@ -83,8 +91,9 @@ def run(
       compute: `compute(config_dict, seeds) -> [dict per seed]`, run in the workers
         (`fp4lab.sweep.compute.compute_cell`); it travels to them by pickle (cloudpickle).
       finish: called on the driver once per cell, in completion order, as
-        `finish(cell, seeds, results, error)`: results is what `compute` returned (one dict per
-        seed) and error None, or results None and error a traceback or a message.
+        `finish(index, results, error)` (index: the cell's place in `todo`): results is what
+        `compute` returned (one dict per seed) and error None, or results None and error a
+        traceback or a message.
       address: the Ray cluster to join (`ray.init(address=...)`, e.g. "HEAD:6379"). None is
         Ray's default: the cluster named by RAY_ADDRESS or started by `ray start` on this
         machine, else a new local instance for this call. This call disconnects at the end, which
@@ -104,10 +113,7 @@ def run(
       KeyboardInterrupt: re-raised after cancelling the outstanding tasks.
     """
     ray = import_ray()
-    if num_cpus < 0 or num_gpus < 0:
-        raise ValueError(f"num_cpus={num_cpus}, num_gpus={num_gpus}; must be >= 0")
-    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-        raise ValueError(f"max_retries={max_retries!r}; must be an int >= 0")
+    check_options(address=address, num_cpus=num_cpus, num_gpus=num_gpus, max_retries=max_retries)
     if not todo:
         return
     connected_here = not ray.is_initialized()
@@ -128,17 +134,17 @@ def run(
     task = ray.remote(attempt).options(
         num_cpus=num_cpus, num_gpus=num_gpus, max_retries=max_retries, retry_exceptions=False
     )
-    outstanding: dict[Any, tuple[Any, list]] = {}
+    outstanding: dict[Any, int] = {}  # task -> the index of its batch in the work
     try:
         compute_ref = ray.put(compute)
-        for cell, seeds in todo:
+        for i, (cell, seeds) in enumerate(todo):
             ref = task.remote(compute_ref, cell.config.to_dict(), [tuple(s) for s in seeds])
-            outstanding[ref] = (cell, seeds)
+            outstanding[ref] = i
         while outstanding:
             (ref,), _ = ray.wait(list(outstanding), num_returns=1)
-            cell, seeds = outstanding.pop(ref)
+            i = outstanding.pop(ref)
             results, error = _outcome(ray, ref, max_retries)
-            finish(cell, seeds, results, error)
+            finish(i, results, error)
     except BaseException:  # Ctrl-C, or finish failed: stop the work nobody will collect
         with contextlib.suppress(Exception):  # a broken connection must not hide the cause
             cancel(ray, list(outstanding))
@@ -149,6 +155,19 @@ def run(
                 ray.shutdown()
             finally:
                 watchdog.close()
+
+
+def check_options(
+    address: str | None = None, num_cpus: float = 1, num_gpus: float = 0, max_retries: int = 3
+) -> None:
+    """Raises ValueError (one line) for a bad option of `run`, before anything is computed or
+    written; an unknown option is a TypeError, as in `run`."""
+    if address is not None and not isinstance(address, str):
+        raise ValueError(f"address={address!r}; give 'HOST:PORT' or None")
+    if num_cpus < 0 or num_gpus < 0:
+        raise ValueError(f"num_cpus={num_cpus}, num_gpus={num_gpus}; must be >= 0")
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ValueError(f"max_retries={max_retries!r}; must be an int >= 0")
 
 
 def check_address(address: str | None, timeout_s: float = 10.0) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "StoreError",
     "canonical",
     "check_record",
+    "file_mode",
     "file_sha256",
     "fsync_dir",
     "read_json",
@@ -76,7 +77,8 @@ def _jsonable(value):
     raise TypeError(f"not JSON-able: {type(value).__name__}")
 
 
-def _file_mode() -> int:
+def file_mode() -> int:
+    """The mode of a new results file: 0666 minus the umask."""
     mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask
@@ -97,7 +99,7 @@ def write_atomic(path: Path, text: str | bytes) -> None:
             fsync_dir(path.parent.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
-            os.fchmod(f.fileno(), _file_mode())
+            os.fchmod(f.fileno(), file_mode())
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -17,6 +17,7 @@ A results folder belongs to one experiment: running another experiment into it r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -57,35 +58,33 @@ def pending(
     store: results_store.Store,
     rerun_stale: bool = False,
     code: str | None = None,
-) -> list[tuple[Cell, list]]:
-    """[(cell, seeds not yet finished)] for every cell with work left. With `rerun_stale`,
-    finished runs whose record another code version made (`store.code_version` differs from
-    `code`) count as unfinished."""
+) -> list[tuple[Cell, list, list[str]]]:
+    """[(cell, seeds not yet finished, their run ids)] for every cell with work left, from the
+    folder's index (no record is opened). With `rerun_stale`, finished runs whose record
+    another code version made (`store.code_version` differs from `code`) count as
+    unfinished."""
+    known = store.statuses()
     todo = []
     for cell in experiment.cells:
-        left = []
+        left, ids = [], []
         for s, rid in zip(cell.seeds, cell.run_ids(), strict=True):
-            record = store.read(rid)
-            done = record is not None and record["status"] == "ok"
-            if (
-                done
-                and rerun_stale
-                and results_store.code_version(record.get("provenance")) != code
-            ):
-                done = False
-            if not done:
+            status, made_by = known.get(rid, (None, None))
+            if status != "ok" or (rerun_stale and made_by != code):
                 left.append(s)
+                ids.append(rid)
         if left:
-            todo.append((cell, left))
+            todo.append((cell, left, ids))
     return todo
 
 
-def batches(todo: list[tuple[Cell, list]]) -> list[tuple[Cell, list]]:
-    """The work cut into seed batches of each cell's `seed_batch` (one vmapped call each)."""
+def batches(todo: list[tuple[Cell, list, list[str]]]) -> list[tuple[Cell, list, list[str]]]:
+    """The work cut into seed batches of each cell's `seed_batch` (one vmapped call each):
+    (cell, seeds, their run ids)."""
     out = []
-    for cell, seeds in todo:
+    for cell, seeds, ids in todo:
         width = cell.config.seed_batch
-        out.extend((cell, list(seeds[lo : lo + width])) for lo in range(0, len(seeds), width))
+        for lo in range(0, len(seeds), width):
+            out.append((cell, list(seeds[lo : lo + width]), ids[lo : lo + width]))
     return out
 
 
@@ -97,7 +96,7 @@ def check_owner(experiment: Experiment, store: results_store.Store, force: bool)
     if manifest is not None:
         others = {manifest["name"]: manifest.get("file", "?")}
     else:  # no (readable) manifest: the records say whose they are
-        others = {r["experiment"]: "?" for r in store.records()}
+        others = {r["experiment"]: "?" for r in store.summaries()}
     others.pop(experiment.name, None)
     if others:
         name, file = next(iter(others.items()))
@@ -108,11 +107,12 @@ def check_owner(experiment: Experiment, store: results_store.Store, force: bool)
         )
 
 
-def _records(experiment, cell, seeds, results, error=None, prov=None) -> Iterable[dict]:
+def _records(experiment, batch, results, error=None, prov=None) -> Iterable[dict]:
+    cell, seeds, ids = batch
     cfg = cell.config.to_dict()
-    for i, s in enumerate(seeds):
+    for i, (s, rid) in enumerate(zip(seeds, ids, strict=True)):
         rec = {
-            "run_id": results_store.run_id(cfg, s, cell.data),
+            "run_id": rid,
             "experiment": experiment.name,
             "cell": cell.label,
             "overrides": cell.overrides,
@@ -187,8 +187,12 @@ def run_experiment(
         raise ExperimentError(f"progress_every={progress_every!r}; must be an int >= 0")
     if stream and progress_every == 0:
         raise ExperimentError("stream=True needs step reports; progress_every=0 turns them off")
+    if executor == "ray":  # every argument checked before anything is written
+        ray_executor.check_options(**executor_options)
+    elif executor_options:
+        raise ExperimentError(f"{', '.join(executor_options)}: options of the ray executor only")
     store = results_store.Store(out)
-    with lock.writer(store.path):  # one writer per results folder (`fp4lab.sweep.lock`)
+    with lock.writer(store.path), contextlib.closing(store):  # one writer per folder (`lock`)
         return _sweep(
             experiment,
             store,
@@ -223,21 +227,21 @@ def _sweep(
     todo = pending(experiment, store, rerun_stale, results_store.code_version(prov))
     store.write_experiment(experiment.manifest())
     work = batches(todo)
-    n_todo = sum(len(s) for _, s in todo)
+    n_todo = sum(len(s) for _, s, _ in todo)
     counts = {"cells": len(experiment.cells), "runs": experiment.n_runs}
     counts |= {"skipped": experiment.n_runs - n_todo, "done": 0, "failed": 0}
     in_cell = executor == "local" and (progress or stream)  # compiles shown, steps if asked
     if progress_every is not None and "every" in _parameters(compute):
         compute = functools.partial(compute, every=progress_every)
-    labels = [f"{cell.label} (seeds {_seed_range(seeds)})" for cell, seeds in work]
-    programs = {cell.config: i for i, (cell, _) in enumerate(work)}
+    labels = [f"{cell.label} (seeds {_seed_range(seeds)})" for cell, seeds, _ in work]
+    programs = {cell.config: i for i, (cell, _, _) in enumerate(work)}
     bar = Progress(
         len(work),
         n_todo,
         enabled=progress,
         labels=labels,
-        steps=[cell.config.steps for cell, _ in work],
-        compiles=[programs[cell.config] for cell, _ in work],
+        steps=[cell.config.steps for cell, _, _ in work],
+        compiles=[programs[cell.config] for cell, _, _ in work],
         parallel=workers if executor == "local" else 1,
     )
     if not work:
@@ -249,23 +253,24 @@ def _sweep(
         if streamer is not None:
             streamer.write(index, event)
 
-    def finish(cell, seeds, results, error):
-        for rec in _records(experiment, cell, seeds, results, error, prov):
+    def finish(index, results, error):
+        for rec in _records(experiment, work[index], results, error, prov):
             store.write(rec)
+        seeds = work[index][1]
         counts["failed" if error else "done"] += len(seeds)
         loss = None if error else results[-1]["summary"]["final_loss"]
-        index = next(i for i, (c, s) in enumerate(work) if c is cell and s is seeds)
         note = f"failed: {failures.reason(error)}" if error else ""
         bar.update(cells=1, runs=len(seeds), loss=loss, note=note, index=index)
 
     sink = on_event if in_cell else None
+    cells = [(cell, seeds) for cell, seeds, _ in work]
     try:
         if executor == "ray":
-            ray_executor.run(work, finish, compute, **executor_options)
+            ray_executor.run(cells, finish, compute, **executor_options)
         elif workers > 1 and len(work) > 1:
-            executors.run_processes(work, finish, compute, workers, sink)
+            executors.run_processes(cells, finish, compute, workers, sink)
         else:
-            executors.run_local(work, finish, compute, sink)
+            executors.run_local(cells, finish, compute, sink)
     finally:
         bar.close()
         if streamer is not None:

@@ -44,20 +44,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from fp4lab.schema import RECORDED_BEFORE, SEED_COLUMNS, STREAMS
+from fp4lab.sweep import compact, frames
+from fp4lab.sweep import metrics as metrics_file
 from fp4lab.sweep.cells import checked
+from fp4lab.sweep.index import Index, stamp_of
 from fp4lab.sweep.provenance import code_version, cpu, host, package_versions
 from fp4lab.sweep.records import (
     SCHEMA,
@@ -91,6 +90,7 @@ __all__ = [
     "package_versions",
     "provenance",
     "run_id",
+    "run_ids",
 ]
 
 # Bump when a change to fp4lab alters the numbers of any run on purpose (a new rounding rule, a
@@ -144,18 +144,35 @@ def config_id(config: dict[str, Any], data: dict[str, str] | None = None) -> str
     return hashlib.sha256(canonical(payload).encode()).hexdigest()[:12]
 
 
+def _payload(config: dict[str, Any], seeds, data: dict[str, str] | None) -> str:
+    """The canonical text that a run id hashes (`run_id`)."""
+    payload = {"config": identity(config), "seeds": [int(s) for s in seeds], "schema": 1}
+    if data:
+        payload["data"] = data
+    if NUMERICS_VERSION != 1:  # version 1 left out: the ids of the first stored results stay
+        payload["numerics"] = NUMERICS_VERSION
+    return canonical(payload)
+
+
 def run_id(
     config: dict[str, Any], seeds: tuple[int, int, int], data: dict[str, str] | None = None
 ) -> str:
     """The id of a run, 16 hex: sha256 of its resolved config's `identity` (less the
     `ID_DEFAULTS` fields at their defaults and the `INERT` ones), its seeds (init, data,
     quant), the content hashes of its data files (`data_hashes`) and `NUMERICS_VERSION`."""
-    payload = {"config": identity(config), "seeds": [int(s) for s in seeds], "schema": 1}
-    if data:
-        payload["data"] = data
-    if NUMERICS_VERSION != 1:  # version 1 left out: the ids of the first stored results stay
-        payload["numerics"] = NUMERICS_VERSION
-    return hashlib.sha256(canonical(payload).encode()).hexdigest()[:16]
+    return hashlib.sha256(_payload(config, seeds, data).encode()).hexdigest()[:16]
+
+
+def run_ids(
+    config: dict[str, Any], seeds: Sequence[tuple[int, int, int]], data: dict | None = None
+) -> list[str]:
+    """`run_id` of each seed triple, the config's part of the hashed text built once: the
+    seeds are the payload's last key, so each id hashes that text with its seeds appended."""
+    head = _payload(config, (0, 0, 0), data)[: -len("[0,0,0]}")]
+    return [
+        hashlib.sha256(f"{head}[{int(a)},{int(b)},{int(c)}]}}".encode()).hexdigest()[:16]
+        for a, b, c in seeds
+    ]
 
 
 def provenance() -> dict[str, Any]:
@@ -166,43 +183,80 @@ def provenance() -> dict[str, Any]:
 
 
 class Store:
-    """A results folder: records by run id, atomic writes, bad entries skipped with a warning."""
+    """A results folder: records by run id, atomic writes, bad entries skipped with a warning,
+    and its summary index (`fp4lab.sweep.index`), brought up to date once per Store."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.runs_dir = self.path / "runs"
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"{self.path} is a file; a results folder is a directory")
+        self._index: Index | None = None
+        self._config_cache: dict[str, tuple[dict, dict, str]] = {}
 
     def file(self, rid: str) -> Path:
         return self.runs_dir / f"{rid}.json"
 
+    def index(self) -> Index:
+        """The folder's index, up to date with its files when first asked for."""
+        if self._index is None:
+            self._index = Index(self.path, config_id, code_version, NUMERICS_VERSION)
+            self.refresh()
+        return self._index
+
+    def close(self) -> None:
+        """Closes the index (its WAL is folded into the database file)."""
+        if self._index is not None:
+            self._index.close()
+            self._index = None
+
+    def refresh(self) -> None:
+        """Reads into the index the files changed since it last did (`Index.refresh`)."""
+        index = self.index() if self._index is None else self._index
+        index.refresh(compact.parts(self.path), lambda name: compact.read_part(self.path, name))
+
+    def statuses(self) -> dict[str, tuple[str, str]]:
+        """{run id: (status, code version)} of every run of the folder, from the index."""
+        return {row[0]: (row[3], row[8]) for row in self.index().rows()}
+
     def read(self, rid: str, metrics: bool = True) -> dict[str, Any] | None:
         """The record of run `rid`, or None when it is absent or bad (bad: one warning). With
-        `metrics`, its series and telemetry are filled in from its Parquet file (if it has one),
-        so the record reads as the run's full result whichever layout stored it."""
-        f = self.file(rid)
-        if not f.exists():
+        `metrics`, its series and telemetry are filled in from its Parquet file or compacted
+        part (if it has one), so the record reads as the run's full result in every layout."""
+        rows = self.index().rows("run_id=?", (rid,))
+        if not rows:
             return None
-        record = read_record(f)
-        return _with_metrics(record, self.runs_dir) if metrics and record else record
+        source = rows[0][-2]
+        if source == "runs":
+            record = read_record(self.file(rid))
+            table = metrics_file.table_of if record else None
+        else:
+            record = next(iter(compact.read_part(self.path, source, [rid])), None)
+
+            def table(r, _):
+                return compact.read_metrics(self.path, source, [rid])
+
+        if not (metrics and record and record.get("metrics")):
+            return record
+        return metrics_file.series_of(record, table(record, self.runs_dir))
 
     def finished(self, rid: str) -> bool:
         """Whether `rid` has a valid record with status "ok" (failed runs are retried)."""
-        record = self.read(rid, metrics=False)
-        return record is not None and record["status"] == "ok"
+        rows = self.index().rows("run_id=?", (rid,))
+        return bool(rows) and rows[0][3] == "ok"
 
     def write(self, record: dict[str, Any]) -> Path:
         """Writes one run record: its series and telemetry to `<run_id>.parquet`, then the rest
-        as JSON with that file's name and sha256 (and the record's schema and checksum). Both
-        are written atomically, the Parquet file first: a kill between the two leaves no record,
-        and the run is redone."""
+        as JSON with that file's name and sha256 (and the record's schema and checksum), then
+        its row of the index. The files are written atomically, the Parquet file first: a kill
+        between the two leaves no record, and the run is redone."""
         record = dict(record)
         series = record.pop("series", None) or {}
         telemetry = record.pop("telemetry", None) or {}
+        rid = record["run_id"]
+        data = None
         if series or telemetry:
-            rid = record["run_id"]
-            data = _parquet_bytes(_metrics_table(rid, series, telemetry))
+            data = metrics_file.parquet_bytes(metrics_file.table(rid, series, telemetry))
             write_atomic(self.runs_dir / f"{rid}.parquet", data)
             record["metrics"] = {
                 "file": f"{rid}.parquet",
@@ -212,6 +266,9 @@ class Store:
         body, text = seal(record)
         f = self.file(body["run_id"])
         write_atomic(f, text)
+        body.pop("checksum")
+        parquet = (self.runs_dir / f"{rid}.parquet").stat() if data is not None else None
+        self.index().write(body, stamp_of(f.stat(), parquet))
         return f
 
     def write_experiment(self, manifest: dict[str, Any]) -> None:
@@ -238,23 +295,50 @@ class Store:
         return body
 
     def records(self, metrics: bool = True) -> list[dict[str, Any]]:
-        """Every valid run record (bad entries skipped with one warning each), by file name;
-        `metrics` as in `read`."""
-        if not self.runs_dir.is_dir():
-            return []
+        """Every valid run record, in files or compacted (bad entries skipped with one warning
+        each), by run id; `metrics` as in `read`. Reads every record: `summaries` reads the
+        index only."""
         out = []
-        for f in sorted(self.runs_dir.glob("*.json")):
-            record = read_record(f)
+        for row in self.index().rows():
+            record = self.read(row[0], metrics)
             if record is not None:
-                out.append(_with_metrics(record, self.runs_dir) if metrics else record)
+                out.append(record)
         return out
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """Every run as the index holds it, by run id: a record without its series, telemetry,
+        overrides and error (run_id, experiment, cell, status, seeds, config, data, numerics,
+        summary, wall_s, provenance). Runs of one config share its `config` dict."""
+        index = self.index()
+        configs, provs = self._configs(), index.provenances()
+        out = []
+        for row in index.rows():
+            config, data, _ = configs[row[7]]
+            record = {"run_id": row[0], "experiment": row[1], "cell": row[2], "status": row[3]}
+            record["seeds"] = dict(zip(STREAMS, row[4:7], strict=True))
+            record |= {"config": config, "data": data, "numerics": row[9], "wall_s": row[10]}
+            record |= {"summary": json.loads(row[11]), "provenance": provs[row[12]]}
+            out.append(record)
+        return out
+
+    def config_ids(self) -> Callable[[dict[str, Any], dict | None], str]:
+        """`config_id`, answered from the index for the `config` dicts of `summaries`."""
+        cached = {id(c): i for c, _, i in self._configs().values()}
+        return lambda config, data=None: cached.get(id(config)) or config_id(config, data)
+
+    def _configs(self) -> dict[str, tuple[dict, dict, str]]:
+        """{config key: (config, data, config id)}: one dict per config for this Store's life
+        (`config_ids` knows them by identity), new ones added as the index grows."""
+        self._config_cache = self.index().configs() | self._config_cache
+        return self._config_cache
 
     def current_ids(self, manifest: dict[str, Any] | None = None, records=None) -> dict[str, str]:
         """{run id: cell label} of the manifest's cells (empty without one) as the records bear
         them out (`fp4lab.sweep.cells.checked`); `records`: the folder's, when already read."""
         manifest = self.experiment() if manifest is None else manifest
-        records = self.records(metrics=False) if records is None and manifest else records or []
-        return {r: c["label"] for c in checked(manifest, records, config_id) for r in c["run_ids"]}
+        records = self.summaries() if records is None and manifest else records or []
+        pooled = checked(manifest, records, self.config_ids())
+        return {r: c["label"] for c in pooled for r in c["run_ids"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,44 +359,59 @@ class Results:
     config_fields: tuple[str, ...] = ()  # the config columns of `runs`, in the config's order
 
 
-def _config_value(v):
-    return json.dumps(v) if isinstance(v, list | dict) else v
-
-
-def label_runs(records, current: dict[str, str], stale: bool = False) -> list[tuple[dict, str]]:
+def label_runs(
+    records, current: dict[str, str], stale: bool = False, ids: Callable | None = None
+) -> list[tuple[dict, str]]:
     """(record, cell label) of the runs to show. Current runs take the manifest's label; stale
     runs (and runs of a folder without a manifest whose label spans several configs) get their
     config id appended, so runs of different configs never share a label. Without a manifest
-    (`current` empty) every run counts as current and none as stale."""
+    (`current` empty) every run counts as current and none as stale. `ids`: `config_id`, or
+    `Store.config_ids` for records from `Store.summaries`."""
     if current and not stale:
         return [(r, current[r["run_id"]]) for r in records if r["run_id"] in current]
     if stale and not current:
         return []
+    ids = ids or config_id
     chosen = [r for r in records if r["run_id"] not in current]
-    ids = {id(r): config_id(r["config"], r.get("data")) for r in chosen}
+    cid = {id(r): ids(r["config"], r.get("data")) for r in chosen}
     configs: dict[str, set] = {}
     for r in chosen:
-        configs.setdefault(r["cell"], set()).add(ids[id(r)])
+        configs.setdefault(r["cell"], set()).add(cid[id(r)])
     out = []
     for r in chosen:
         tag = stale or len(configs[r["cell"]]) > 1
         out.append(
-            (r, f"{r['cell']} [{'stale ' if stale else ''}{ids[id(r)]}]" if tag else r["cell"])
+            (r, f"{r['cell']} [{'stale ' if stale else ''}{cid[id(r)]}]" if tag else r["cell"])
         )
     return out
 
 
-def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
-    """The runs and metrics of a results folder (see the module docstring).
+def load(
+    path: str | os.PathLike,
+    *,
+    stale: bool = False,
+    metrics: bool | str | Sequence[str] = True,
+    cells: Sequence[str] | None = None,
+    seeds: dict[str, Sequence[int]] | None = None,
+) -> Results:
+    """The runs and metrics of a results folder (see the module docstring). The runs and
+    provenance come from the folder's index (`fp4lab.sweep.index`); only `metrics` opens the
+    metrics files or compacted parts, reading just the rows asked for.
 
     Args:
       path: a results folder (the one holding experiment.json and runs/).
       stale: False: the runs of the experiment's current cells. True: the stale runs only
         (records the current experiment file no longer asks for), each cell label tagged with
         its config id, so different configs never pool.
+      metrics: True: every metric; False: none (the metrics table is empty; nothing but the
+        index is read); a name or a list of names: those metrics only.
+      cells: only the runs of these cell labels (as `runs["cell"]` shows them).
+      seeds: only the runs whose seeds are among these, per stream, e.g. {"init": [0, 1]}.
     Raises:
-      FileNotFoundError: no such folder. StoreError: `path` is a file.
+      FileNotFoundError: no such folder. StoreError: `path` is a file. ValueError: a bad
+      argument (an unknown cell or stream), in one line.
     """
+    names = frames.metric_names(metrics)
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no results folder at {p}")
@@ -320,126 +419,17 @@ def load(path: str | os.PathLike, *, stale: bool = False) -> Results:
         raise StoreError(f"{p} is a file; load a results folder (the one holding runs/)")
     store = Store(p)
     manifest = store.experiment()
-    records = store.records(metrics=False)
+    records = store.summaries()
     current = store.current_ids(manifest, records)
     n_stale = sum(r["run_id"] not in current for r in records) if current else 0
-    rows, parts, prov, fields = [], [], [], {}
-    for r, label in label_runs(records, current, stale):
-        seeds = r["seeds"]
-        name = manifest["name"] if manifest and not stale and current else r["experiment"]
-        row = {"run_id": r["run_id"], "experiment": name, "cell": label}
-        row["status"] = r["status"]
-        row |= {col: seeds[s] for s, col in zip(STREAMS, SEED_COLUMNS, strict=True)}
-        row |= {k: _config_value(v) for k, v in (ID_DEFAULTS | identity(r["config"])).items()}
-        fields |= dict.fromkeys(r["config"]) | dict.fromkeys(ID_DEFAULTS)
-        row |= r.get("summary") or {}
-        row["wall_s"] = r.get("wall_s", np.nan)
-        rows.append(row)
-        parts.extend(_metric_parts(r, store.runs_dir))
-        prov.append(_provenance_row(r))
-    runs = pd.DataFrame(rows)
+    chosen = frames.filtered(label_runs(records, current, stale, store.config_ids()), cells, seeds)
+    name = manifest["name"] if manifest and not stale and current else None
+    runs, fields = frames.runs_frame(chosen, name, lambda config: ID_DEFAULTS | identity(config))
     if manifest and len(runs):  # cells in the order the experiment adds them
         order = {c.get("label"): i for i, c in enumerate(manifest["cells"])}
         key = runs["cell"].map(lambda c: order.get(c, len(order)))
         runs = runs.assign(_o=key).sort_values(["_o", "cell", *SEED_COLUMNS], kind="stable")
         runs = runs.drop(columns="_o").reset_index(drop=True)
-    if parts:
-        metrics = pa.concat_tables(parts).to_pandas()
-    else:
-        metrics = pd.DataFrame({"run_id": [], "step": [], "metric": [], "value": []})
-    metrics = metrics.astype({"run_id": str, "step": np.int64, "metric": str, "value": np.float64})
-    columns = ["run_id", "numerics", "code", "jax", "jaxlib", "flax", "device"]
-    columns += ["cpu", "backend", "python", "time_utc"]
-    provenance_frame = pd.DataFrame(prov, columns=columns)
-    return Results(
-        p, runs, metrics, manifest, provenance_frame, stale, n_stale, config_fields=tuple(fields)
-    )
-
-
-def _provenance_row(r: dict[str, Any]) -> dict[str, Any]:
-    prov = r.get("provenance") or {}
-    versions = prov.get("versions") or {}
-    row = {"run_id": r["run_id"], "numerics": r.get("numerics", 1), "code": code_version(prov)}
-    row |= {k: versions.get(k) for k in ("jax", "jaxlib", "flax")}
-    return row | {k: prov.get(k) for k in ("device", "cpu", "backend", "python", "time_utc")}
-
-
-_METRICS_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("step", pa.int64()),
-        ("metric", pa.string()),
-        ("value", pa.float64()),
-    ]
-)
-
-
-def _metrics_table(rid: str, series: dict, telemetry: dict) -> pa.Table:
-    """One run's per-step metrics, long, as an Arrow table (series first, then telemetry)."""
-    names, steps, values = [], [], []
-    for name, v in series.items():
-        values.append(np.asarray(v, np.float64).ravel())
-        steps.append(np.arange(len(values[-1]), dtype=np.int64))
-        names.append(name)
-    tel_steps = np.asarray(telemetry.get("steps", []), np.int64)
-    for name, v in (telemetry.get("metrics") or {}).items():
-        values.append(np.asarray(v, np.float64).ravel())
-        steps.append(tel_steps)
-        names.append(name)
-    sizes = [len(v) for v in values]
-    if not values:
-        return _METRICS_SCHEMA.empty_table()
-    metric = pa.DictionaryArray.from_arrays(
-        np.repeat(np.arange(len(names), dtype=np.int32), sizes), pa.array(names, pa.string())
-    )
-    return pa.table(
-        {
-            "run_id": pa.array([rid] * sum(sizes), pa.string()),
-            "step": np.concatenate(steps),
-            "metric": metric.cast(pa.string()),
-            "value": np.concatenate(values),
-        },
-        schema=_METRICS_SCHEMA,
-    )
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", use_dictionary=["run_id", "metric"])
-    return sink.getvalue()
-
-
-def _read_metrics(path: Path) -> pa.Table:
-    return pq.read_table(path, schema=_METRICS_SCHEMA)
-
-
-def _with_metrics(record: dict[str, Any], runs_dir: Path) -> dict[str, Any]:
-    """The record with `series` and `telemetry` filled in from its Parquet file (as the JSON of
-    older records holds them: lists of numbers)."""
-    pointer = record.get("metrics")
-    if pointer is None:
-        return record
-    frame = _read_metrics(runs_dir / pointer["file"]).to_pandas()
-    series, tel = {}, {"steps": [], "metrics": {}}
-    for name, group in frame.groupby("metric", sort=False):
-        if name in pointer.get("series", ()):
-            series[name] = group["value"].tolist()
-        else:
-            tel["metrics"][name] = group["value"].tolist()
-            tel["steps"] = group["step"].tolist()
-    return record | {"series": series, "telemetry": tel}
-
-
-def _metric_parts(r: dict[str, Any], runs_dir: Path) -> list[pa.Table]:
-    """A run's rows of the metrics table: its Parquet file, or (older records) its series and
-    telemetry from the JSON, then its final eval_loss."""
-    rid = r["run_id"]
-    if r.get("metrics") is not None:
-        out = [_read_metrics(runs_dir / r["metrics"]["file"])]
-    else:
-        out = [_metrics_table(rid, r.get("series") or {}, r.get("telemetry") or {})]
-    final = (r.get("summary") or {}).get("eval_loss")
-    if final is not None:
-        step = np.asarray([r["config"]["steps"]], np.int64)
-        out.append(_metrics_table(rid, {}, {"steps": step, "metrics": {"eval_loss": [final]}}))
-    return out
+    table = frames.metrics_frame(store, [r for r, _ in chosen], names)
+    provenance_frame = frames.provenance_frame([r for r, _ in chosen])
+    return Results(p, runs, table, manifest, provenance_frame, stale, n_stale, fields)

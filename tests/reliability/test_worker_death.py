@@ -56,15 +56,15 @@ def test_a_batch_whose_worker_died_is_retried(tmp_path, capsys):
     done = []
     executors.run_processes(todo, lambda *a: done.append(a), dies_once, workers=2)
     assert (tmp_path / "died").exists(), "the worker never died"
-    assert sorted(cell.config.name for cell, _, _, _ in done) == ["a", "b", "dies"]
-    assert all(error is None and results for _, _, results, error in done)
+    assert sorted(todo[i][0].config.name for i, _, _ in done) == ["a", "b", "dies"]
+    assert all(error is None and results for _, results, error in done)
     assert capsys.readouterr().err.count("a worker process died") == 1
 
 
 def test_a_batch_whose_worker_always_dies_fails_after_its_retries(capsys):
     todo = work(["a", "dies", "b"])
     done = {}
-    finish = lambda cell, seeds, results, error: done.update({cell.config.name: error})  # noqa: E731
+    finish = lambda i, results, error: done.update({todo[i][0].config.name: error})  # noqa: E731
     executors.run_processes(todo, finish, always_dies, workers=2, max_retries=1)
     assert done["a"] is None and done["b"] is None  # lost beside it, they are not charged
     assert "died each time (2 times); max_retries=1" in done["dies"]

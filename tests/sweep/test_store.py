@@ -261,9 +261,9 @@ def test_files_are_0666_minus_the_umask(tmp_path, umask, mode):
     finally:
         os.umask(old)
     files = [f for f in (tmp_path / "res").rglob("*") if f.is_file()]
-    # experiment.json, the writer's lock file, and for each of the 2 runs its record and its
-    # metrics (Parquet)
-    assert len(files) == 6 and {stat.S_IMODE(f.stat().st_mode) for f in files} == {mode}
+    # experiment.json, the writer's lock file, the index, and for each of the 2 runs its record
+    # and its metrics (Parquet)
+    assert len(files) == 7 and {stat.S_IMODE(f.stat().st_mode) for f in files} == {mode}
 
 
 @pytest.mark.parametrize("errno_, message", [(28, "no space left"), (30, "Read-only file system")])

@@ -1,0 +1,267 @@
+"""Compaction: a results folder's per-run files become one columnar dataset.
+
+    fp4lab compact results/randomness_vs_error
+    fl.sweep.compact("results/randomness_vs_error")
+
+Each compaction writes one part of the folder's dataset, numbered from 1, and then deletes the
+per-run files it holds:
+
+    <out>/compact/metrics-0001.parquet   every compacted run's per-step metrics, long: run_id,
+                                         cell (as recorded), seed_init, seed_data, seed_quant,
+                                         step, metric, value; sorted by cell and run id, one
+                                         row group per cell
+    <out>/compact/records-0001.parquet   run_id, cell, status and each run's record, the text of
+                                         its JSON file byte for byte (so its checksum still
+                                         holds); the metadata names the metrics part's sha256
+
+Both are written to temporary files, flushed and renamed into place, the metrics part first:
+a records part exists only beside its whole metrics part. Only then are the per-run files
+deleted. A `kill -9` at any point loses nothing: before the records part's rename the files are
+all there; after it a run may be both in `runs/` and in the part, with the same record, and the
+index (`fp4lab.sweep.index`) takes the file. A later compaction deletes such files. Compaction
+holds the folder's writer lock, so no sweep writes meanwhile (and it removes the temporary files
+of a compaction killed while it wrote); a sweep after it writes new runs
+to `runs/` again (resume reads the index, which knows the compacted runs), and the next
+compaction adds a part. Metrics are read lazily with `pyarrow.dataset`: the filters on run id,
+cell and metric are pushed down to the row groups (`read_metrics`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from fp4lab.schema import STREAMS
+from fp4lab.sweep import lock, metrics
+from fp4lab.sweep.records import (
+    StoreError,
+    check_record,
+    file_mode,
+    file_sha256,
+    fsync_dir,
+    read_record,
+    warn_bad,
+)
+
+__all__ = ["FOLDER", "METRICS_SCHEMA", "compact", "parts", "read_metrics", "read_part"]
+
+FOLDER = "compact"
+METRICS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("cell", pa.string()),
+        ("seed_init", pa.int64()),
+        ("seed_data", pa.int64()),
+        ("seed_quant", pa.int64()),
+        ("step", pa.int64()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+    ]
+)
+RECORDS_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("cell", pa.string()),
+        ("status", pa.string()),
+        ("record", pa.string()),
+    ]
+)
+_SHA = b"fp4lab.metrics_sha256"
+
+
+def _number(path: Path) -> int:
+    return int(path.stem.rsplit("-", 1)[1])
+
+
+def parts(folder: Path) -> list[tuple[str, str, int]]:
+    """[(name relative to the folder, stamp, number)] of the folder's records parts."""
+    out = []
+    for p in sorted((Path(folder) / FOLDER).glob("records-[0-9]*.parquet")):
+        st = p.stat()
+        out.append((f"{FOLDER}/{p.name}", f"{st.st_size}:{st.st_mtime_ns}", _number(p)))
+    return out
+
+
+def _metrics_path(records_path: Path) -> Path:
+    return records_path.with_name(records_path.name.replace("records-", "metrics-"))
+
+
+def read_part(folder: Path, name: str, run_ids: Iterable[str] | None = None) -> list[dict]:
+    """The checked records of a records part (all, or those of `run_ids`); a bad record, or a
+    metrics part whose sha256 is not the one the records part names, is skipped with one
+    warning (`fp4lab.sweep.records.warn_bad`)."""
+    path = Path(folder) / name
+    try:
+        table = pq.read_table(path, schema=RECORDS_SCHEMA)
+        if run_ids is None:
+            sha = (pq.read_schema(path).metadata or {}).get(_SHA, b"").decode()
+            if file_sha256(_metrics_path(path)) != sha:
+                warn_bad(
+                    path,
+                    f"bad part, skipped: {_metrics_path(path).name} is not the one "
+                    "it was written with (sha256)",
+                )
+                return []
+        else:
+            table = table.filter(pc.is_in(table["run_id"], pa.array(list(run_ids), pa.string())))
+    except (OSError, pa.ArrowException) as e:
+        warn_bad(path, f"bad part, skipped: {e}")
+        return []
+    out = []
+    for rid, text in zip(table["run_id"].to_pylist(), table["record"].to_pylist(), strict=True):
+        body = json.loads(text)
+        why = check_record(body, rid)
+        if why is None:
+            out.append(body)
+        else:
+            warn_bad(path, f"bad run record {rid} in the part, skipped: {why}")
+    return out
+
+
+def read_metrics(
+    folder: Path,
+    name: str,
+    run_ids: Iterable[str],
+    names: Iterable[str] | None = None,
+    cells: Iterable[str] | None = None,
+) -> pa.Table:
+    """The long metrics (run_id, step, metric, value) of `run_ids` in the metrics part beside
+    records part `name`, only the metrics `names` if given; `cells`, the recorded cells of
+    those runs, lets the scan skip other cells' row groups."""
+    where = pc.field("run_id").isin(pa.array(sorted(set(run_ids)), pa.string()))
+    if cells is not None:
+        where &= pc.field("cell").isin(pa.array(sorted(set(cells)), pa.string()))
+    if names is not None:
+        where &= pc.field("metric").isin(pa.array(list(names), pa.string()))
+    data = ds.dataset(_metrics_path(Path(folder) / name), format="parquet")
+    columns = ["run_id", "step", "metric", "value"]
+    return data.to_table(columns=columns, filter=where).cast(metrics.SCHEMA)
+
+
+def _part_table(record: dict[str, Any], runs: Path) -> pa.Table:
+    long = metrics.table_of(record, runs) if record.get("metrics") else metrics.SCHEMA.empty_table()
+    n, seeds = long.num_rows, record["seeds"]
+    extra = {"cell": pa.array([record["cell"]] * n, pa.string())}
+    extra |= {f"seed_{s}": pa.array([seeds[s]] * n, pa.int64()) for s in STREAMS}
+    cols = {c: long[c] for c in long.column_names} | extra
+    return pa.table({f.name: cols[f.name] for f in METRICS_SCHEMA}, schema=METRICS_SCHEMA)
+
+
+def _write(path: Path, write) -> str:
+    """Writes a file with `write(tmp_path)`, flushes it, renames it to `path` and flushes the
+    folder; returns its sha256."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        os.chmod(tmp, file_mode())
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        sha = file_sha256(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return sha
+
+
+def compact(
+    folder: str | os.PathLike, keep_metrics: Callable[[dict[str, Any]], bool] | None = None
+) -> dict[str, int]:
+    """Moves the valid run records of `folder/runs` and their metrics into a new part of the
+    folder's dataset, then deletes their files (module docstring). Bad entries stay as they
+    are. Holds the folder's writer lock.
+
+    Args:
+      folder: a results folder.
+      keep_metrics: None keeps every run's per-step metrics; a predicate on a run's record
+        keeps them only for the runs it is true of (a thinned folder, as the committed
+        results/randomness_vs_error*: their rule is in results/README.md). The records, and
+        so every run's summary, all stay; `fp4lab.sweep.reproduce` regenerates a dropped
+        run's full record bit for bit.
+
+    Returns:
+      {"runs": runs compacted, "part": the new part's number (0: nothing to compact)}.
+    Raises:
+      FileNotFoundError: no such folder. StoreError: not a results folder, one that cannot be
+        written, or a sweep writing it (`fp4lab.sweep.lock.FolderBusy`).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no results folder at {folder}")
+    runs = folder / "runs"
+    if not runs.is_dir() and not (folder / FOLDER).is_dir():
+        raise StoreError(f"{folder} is not a results folder (no runs/): nothing to compact")
+    with lock.writer(folder):
+        for tmp in (folder / FOLDER).glob(".*.tmp"):  # a compaction killed while it wrote
+            tmp.unlink()
+        done = {r["run_id"]: r["checksum"] for n, _, _ in parts(folder) for r in _texts(folder / n)}
+        records, texts, dropped = [], {}, []
+        for f in sorted(runs.glob("*.json")) if runs.is_dir() else ():
+            record = read_record(f)
+            if record is None:
+                continue
+            text = f.read_text()
+            if done.get(record["run_id"]) == json.loads(text)["checksum"]:
+                dropped.append(record)  # compacted already (a compaction killed before)
+            else:
+                records.append(record)
+                texts[record["run_id"]] = text
+        number = max((n for _, _, n in parts(folder)), default=0) + 1
+        if records:
+            (folder / FOLDER).mkdir(exist_ok=True)
+            records.sort(key=lambda r: (r["cell"], r["run_id"]))
+            mpath = folder / FOLDER / f"metrics-{number:04d}.parquet"
+            kept = [r for r in records if keep_metrics is None or keep_metrics(r)]
+            sha = _write(mpath, lambda tmp: _write_metrics(tmp, kept, runs))
+            table = pa.table(
+                {
+                    "run_id": [r["run_id"] for r in records],
+                    "cell": [r["cell"] for r in records],
+                    "status": [r["status"] for r in records],
+                    "record": [texts[r["run_id"]] for r in records],
+                },
+                schema=RECORDS_SCHEMA.with_metadata({_SHA: sha.encode()}),
+            )
+            rpath = folder / FOLDER / f"records-{number:04d}.parquet"
+            _write(rpath, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+        for record in records + dropped:  # the record first: a lone metrics file is no record
+            (runs / f"{record['run_id']}.json").unlink(missing_ok=True)
+            if record.get("metrics"):
+                (runs / record["metrics"]["file"]).unlink(missing_ok=True)
+        for f in runs.glob("*.parquet") if runs.is_dir() else ():
+            if f.stem in done and not f.with_suffix(".json").exists():  # its record went first
+                f.unlink()
+                dropped.append(f)
+        if records or dropped:
+            fsync_dir(runs)
+    return {"runs": len(records), "part": number if records else 0}
+
+
+def _texts(path: Path) -> list[dict]:
+    table = pq.read_table(path, columns=["record"])
+    return [json.loads(t) for t in table["record"].to_pylist()]
+
+
+def _write_metrics(tmp: str, records: list[dict], runs: Path) -> None:
+    with pq.ParquetWriter(
+        tmp, METRICS_SCHEMA, compression="zstd", use_dictionary=["run_id", "cell", "metric"]
+    ) as writer:
+        i = 0
+        while i < len(records):  # one row group per cell
+            j = i
+            while j < len(records) and records[j]["cell"] == records[i]["cell"]:
+                j += 1
+            cell = pa.concat_tables([_part_table(r, runs) for r in records[i:j]])
+            writer.write_table(cell, row_group_size=max(cell.num_rows, 1))
+            i = j
