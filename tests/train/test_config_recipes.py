@@ -49,8 +49,10 @@ def test_names_serialize_and_hash_as_before():
 
 def test_committed_records_keep_their_run_ids(monkeypatch):
     checked = 0
-    for folder in sorted(p for p in RESULTS.glob("*/runs") if p.is_dir()):
-        record = json.loads(min(folder.glob("*.json")).read_text())  # one run per folder
+    folders = {p.parent for kept in ("runs", "compact") for p in RESULTS.glob(f"*/{kept}")}
+    for folder in sorted(folders):  # per-run files or compacted (`fp4lab.sweep.compact`)
+        st = store.Store(folder)
+        record = st.read(min(st.statuses()), metrics=False)  # one run per folder
         cfg = Config.from_dict(record["config"]).to_dict()
         seeds = tuple(record["seeds"][s] for s in ("init", "data", "quant"))
         # a record of an older numerics version keeps the id that version gave it
