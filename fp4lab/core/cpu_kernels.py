@@ -1,4 +1,4 @@
-"""CPU kernels of the numerics: C++ built on first use, called through XLA's FFI.
+"""CPU kernels of the numerics: C++ built at install (or on first use), called through XLA's FFI.
 
     operand_stats.cc   the telemetry's statistics of one quantized operand in one pass over
                        x and the grid values, x_hat computed on the way from the block and
@@ -14,7 +14,11 @@ XLA's CPU backend gives every reduction its own pass over its operand, with a fu
 temporary in front of each; six statistics of every GEMM operand then cost more than the
 training step itself. The kernel reads each element once, in the quantizer's blocked view.
 
-Build: the first process that needs a kernel compiles the sources with the C++ compiler
+Build: `pip install` builds the sources into `fp4lab/core/_kernels*.so` (setup.py; optional:
+without a compiler the install succeeds) and records the jaxlib version and the sources' digest
+in it; a process loads that library when both match its own, and runs no compiler. Otherwise
+(no library from the install, another jaxlib, a source edited in an editable checkout) the
+first process that needs a kernel compiles the sources with the C++ compiler
 (`$CXX`, else the first of c++, g++, clang++ on the PATH) against the FFI headers of the
 installed jaxlib (`jax.ffi.include_dir()`) into one `kernels-<hash>.so` in `cache_folder()`
 ($FP4LAB_KERNEL_CACHE, else <$XDG_CACHE_HOME or ~/.cache>/fp4lab/kernels), where the hash
@@ -24,7 +28,8 @@ needs C++17 with GCC's vector extensions (GCC 12 or newer, or Clang); with an ol
 the build fails, and `fp4lab.core.stats` falls back to its reference formulas, saying so.
 The flags leave no room for the compiler to reorder float arithmetic (-ffp-contract=off, no
 fast-math), so a kernel's sums are the same IEEE operations in the same order on any CPU.
-`available()` says whether the kernels could be built here and `build_error()` why not;
+`available()` says whether the kernels could be built here, `build_error()` why not and
+`library()` which library was loaded;
 `compile_command()` is the command itself (the tests build each CPU's copy of the statistics'
 loop with it, to check that they all give the same bits).
 """
@@ -34,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib.machinery
 import os
 import platform
 import shutil
@@ -51,6 +57,7 @@ __all__ = [
     "TARGETS",
     "available",
     "build_error",
+    "library",
     "block_stats",
     "threefry",
     "report_step",
@@ -60,9 +67,8 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("operand_stats.cc")  # the statistics kernel's C++ source
-SOURCES = tuple(  # built into one library
-    Path(__file__).with_name(name) for name in ("operand_stats.cc", "threefry.cc", "progress.cc")
-)
+_NAMES = ("operand_stats.cc", "threefry.cc", "progress.cc", "built_for.cc")  # as in setup.py
+SOURCES = tuple(Path(__file__).with_name(name) for name in _NAMES)  # built into one library
 _TARGET = "fp4lab_operand_stats"
 _THREEFRY = "fp4lab_threefry"
 _PROGRESS = "fp4lab_progress"
@@ -106,16 +112,37 @@ def compile_command(extra: tuple[str, ...] = ()) -> list[str] | None:
     return [cxx, *_FLAGS, *extra, "-I", jax.ffi.include_dir()]
 
 
-@functools.cache
-def _build() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, "") or (None, why it could not be built); once per process."""
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
+def _installed() -> Path | None:
+    """The library `pip install` built (setup.py), when it was built for this jaxlib and these
+    sources (an editable checkout whose sources changed since, or another jaxlib: None)."""
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        lib = here / f"_kernels{suffix}"
+        if lib.exists():
+            try:
+                handle = ctypes.CDLL(str(lib))
+                handle.fp4lab_kernels_built_for.restype = ctypes.c_char_p
+                built_for = handle.fp4lab_kernels_built_for().decode()
+            except (OSError, AttributeError):
+                return None
+            return lib if built_for == f"{jaxlib.__version__} {_sources_digest()}" else None
+    return None
+
+
+def _built_here() -> tuple[Path | None, str]:
+    """(the library built on first use in `cache_folder()`, "") or (None, why not)."""
     command = compile_command()
     if command is None:
         return None, "no C++ compiler found (set CXX, or install g++ or clang++)"
     cxx = command[0]
-    digest = hashlib.sha256()
-    for source in SOURCES:
-        digest.update(source.read_bytes())
+    digest = hashlib.sha256(_sources_digest().encode())
     digest.update(" ".join([jaxlib.__version__, platform.machine(), cxx, *_FLAGS]).encode())
     folder = cache_folder()
     lib = folder / f"kernels-{digest.hexdigest()[:16]}.so"
@@ -141,6 +168,18 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         finally:  # no temporary left behind, whatever failed
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
+    return lib, ""
+
+
+@functools.cache
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why it could not be built); once per process: the
+    library built at install when it fits, else the one built on first use."""
+    lib = _installed()
+    if lib is None:
+        lib, why = _built_here()
+        if lib is None:
+            return None, why
     try:
         handle = ctypes.CDLL(str(lib))
         for target in TARGETS:
@@ -148,7 +187,15 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
             jax.ffi.register_ffi_target(target, capsule, platform="cpu")
     except (OSError, AttributeError) as e:
         return None, f"cannot load {lib}: {e}"
+    handle.path = lib
     return handle, ""
+
+
+def library() -> Path | None:
+    """The kernels' library this process loaded (the one built at install, or on first use),
+    or None when they are not available."""
+    handle = _build()[0]
+    return None if handle is None else handle.path
 
 
 def available() -> bool:

@@ -346,18 +346,28 @@ def test_an_unknown_method_is_an_error():
 
 
 def test_kernels_are_built_once_into_the_cache_folder(tmp_path):
-    # a fresh process with an empty cache folder builds the library there; the next one loads it
+    # without the library built at install (a copy of the package without it), a fresh process
+    # with an empty cache folder builds the library there; the next one loads it
     import os
+    import shutil
     import subprocess
     import sys
+    from pathlib import Path
 
-    env = dict(os.environ, FP4LAB_KERNEL_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
-    code = "from fp4lab.core import cpu_kernels as k; assert k.available(), k.build_error()"
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
-    (lib,) = tmp_path.glob("kernels-*.so")  # one file, no temporaries left behind
+    package = Path(cpu_kernels.__file__).parents[1]
+    shutil.copytree(package, tmp_path / "src" / "fp4lab", ignore=shutil.ignore_patterns("*.so"))
+    cache = tmp_path / "cache"
+    env = dict(os.environ, FP4LAB_KERNEL_CACHE=str(cache), JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = str(tmp_path / "src")
+    code = (
+        "from fp4lab.core import cpu_kernels as k; assert k.available(), k.build_error(); "
+        f"assert k.library().parent == __import__('pathlib').Path({str(cache)!r}), k.library()"
+    )
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, timeout=300)
+    (lib,) = cache.glob("kernels-*.so")  # one file, no temporaries left behind
     built = lib.stat().st_mtime_ns
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
-    assert [p.name for p in tmp_path.iterdir()] == [lib.name]
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True, timeout=300)
+    assert [p.name for p in cache.iterdir()] == [lib.name]
     assert lib.stat().st_mtime_ns == built
 
 

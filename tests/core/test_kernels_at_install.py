@@ -1,0 +1,122 @@
+"""The CPU kernels are built by `pip install` (setup.py), not by a run.
+
+With a compiler at install, a later process loads the installed library and runs no compiler
+(checked with no compiler on its PATH and an empty kernel cache). Without one, the install still
+succeeds (a wheel built with no compiler on the PATH, used in place of the checkout) and a sweep
+runs with the reference statistics, said once.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fp4lab.core import cpu_kernels
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # the venv's commands; no compiler among them
+
+EXPERIMENT = """
+from fp4lab.train.config import Config
+
+def get_config():
+    return Config(task="teacher", din=32, dout=32, teacher_hidden=(32,), hidden=(32,),
+                  batch_size=32, steps=4, eval_batches=1, seed_batch=1, recipe="nvfp4",
+                  telemetry_every=2)
+
+def sweep(add):
+    add("nvfp4", seeds=1)
+"""
+
+PROBE = """
+import json, warnings
+from fp4lab.core import cpu_kernels
+import fp4lab
+print(json.dumps({"available": cpu_kernels.available(), "error": cpu_kernels.build_error(),
+                  "library": str(cpu_kernels.library()), "package": fp4lab.__file__}))
+"""
+
+
+def _no_compiler_env(tmp_path: Path, **extra) -> dict[str, str]:
+    """The environment of a process that finds no C++ compiler and no kernels built before."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CXX", "CC", "PYTHONPATH")}
+    env |= {"PATH": str(BIN), "FP4LAB_KERNEL_CACHE": str(tmp_path / "kernel-cache")}
+    env |= {"JAX_PLATFORMS": "cpu"} | extra
+    for name in ("c++", "g++", "clang++", "gcc", "cc"):
+        assert shutil.which(name, path=env["PATH"]) is None, f"{name} is on {BIN}"
+    return env
+
+
+def _probe(env: dict[str, str], cwd: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, cwd=cwd, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_installed_library_is_loaded_and_no_compiler_runs(tmp_path):
+    installed = sorted((ROOT / "fp4lab" / "core").glob("_kernels*.so"))
+    if not installed:  # only an install without a compiler leaves none
+        assert shutil.which("c++") is None and shutil.which("g++") is None, (
+            "a compiler is here but `pip install -e .` built no fp4lab/core/_kernels*.so"
+        )
+        return
+    got = _probe(_no_compiler_env(tmp_path), tmp_path)
+    assert got["available"], got["error"]
+    assert Path(got["library"]) == installed[0]
+    assert not (tmp_path / "kernel-cache").exists()  # nothing was built on first use
+    # and the library the test process uses is the same one
+    assert cpu_kernels.library() == installed[0]
+
+
+@pytest.mark.slow  # builds a wheel
+def test_an_install_without_a_compiler_succeeds_and_runs_with_the_reference_statistics(
+    tmp_path,
+):
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "fp4lab",
+        source / "fp4lab",
+        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
+    )
+    env = _no_compiler_env(tmp_path)
+    wheels = tmp_path / "wheels"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w"]
+        + [str(wheels), str(source)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    (wheel,) = wheels.glob("fp4lab-*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        assert not [n for n in z.namelist() if n.endswith(".so")]  # no kernels were built
+        z.extractall(site)
+    env = env | {"PYTHONPATH": str(site)}
+    got = _probe(env, tmp_path)
+    assert Path(got["package"]).is_relative_to(site)  # the wheel's package, not the checkout
+    assert not got["available"] and "no C++ compiler found" in got["error"]
+    (tmp_path / "exp.py").write_text(textwrap.dedent(EXPERIMENT))
+    run = subprocess.run(
+        [sys.executable, "-m", "fp4lab.cli", "run", "exp.py", "--out", "r", "--quiet"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "1 runs done" in run.stdout
+    said = [line for line in run.stderr.splitlines() if "no C++ compiler found" in line]
+    assert len(said) == 1, run.stderr  # the reference statistics, said once
