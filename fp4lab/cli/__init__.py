@@ -1,0 +1,87 @@
+"""The `fp4lab` command (bare `fp4lab` prints the help with examples).
+
+fp4lab run EXPERIMENT [--out DIR] [--seeds N] [--steps N] [--set FIELD=VALUE ...] [--dry-run]
+                      [--workers N] [--force] [--rerun-stale]
+                      [--executor local|ray] [--address ADDR] [--ray-cpus N] [--ray-gpus N]
+                      [--max-retries N] [--xla-log]
+fp4lab ls RESULTS          runs per cell (done, failed, missing) and the stale runs
+fp4lab show RESULTS        the summary table: loss gap with a seed interval, divergences,
+                           tokens to target; a warning when the runs come from different code
+fp4lab show RESULTS --stale    the same for the stale runs (the file no longer asks for them)
+fp4lab plot RESULTS        the standard figures, as PNG files in RESULTS/figures
+fp4lab report RESULTS      one self-contained HTML page: RESULTS/report.html
+fp4lab compact RESULTS     a finished sweep's per-run files as one Parquet dataset
+fp4lab export --tensorboard RESULTS [--out LOGDIR]
+                           every run's metrics as TensorBoard scalars, one folder per run
+                           (default LOGDIR: RESULTS/tensorboard)
+fp4lab diagnose EXPERIMENT [--verify] [--out DIR]
+                           which layers and GEMMs to keep in high precision (docs/diagnose.md)
+fp4lab formats | demo      the element formats; a tour of the toolkit
+
+Options are never abbreviated (`--seed` is an error, not `--seeds`). A folder given to show,
+plot, report or export that is not a results folder (no experiment.json, no runs/) is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import warnings
+
+from fp4lab.cli.parser import build_parser
+from fp4lab.cli.run import compile_cache_folder
+
+__all__ = ["build_parser", "compile_cache_folder", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:  # bare `fp4lab`: the help with examples
+        parser.print_help()
+        return 0
+    from fp4lab.sweep.experiment import ExperimentError
+    from fp4lab.sweep.ray import RayNotInstalled
+    from fp4lab.sweep.records import StoreError
+    from fp4lab.train.config import ConfigError
+
+    previous = terminate_as_interrupt() if args.command == "run" else None
+    formatwarning = warnings.formatwarning
+    warnings.formatwarning = one_line_warning
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `fp4lab ... | head`: the reader is gone, say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ExperimentError, ConfigError, StoreError, OSError, RayNotInstalled) as e:
+        print(f"fp4lab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            f"\nfp4lab {args.command}: interrupted; finished runs are stored, run again to resume",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        warnings.formatwarning = formatwarning
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {message}\n"
+
+
+def terminate_as_interrupt():
+    """SIGTERM (a scheduler's timeout, `kill`) raises KeyboardInterrupt in the main thread, so
+    `fp4lab run` stops its workers and exits as on Ctrl-C. Returns the previous handler."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,158 @@
+"""`fp4lab run`: an experiment file's sweep, its tables, figures and summary."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+
+def load_experiment(args):
+    from fp4lab import sweep
+
+    overrides = sweep.parse_overrides(args.set or ())
+    if args.telemetry is not None:  # shorthand: telemetry with the high-precision shadow
+        both = {"telemetry_every", "shadow"} & set(overrides)
+        if both:
+            raise sweep.ExperimentError(
+                f"--telemetry {args.telemetry} and --set {sorted(both)[0]}=...: give it once"
+            )
+        overrides |= {"telemetry_every": args.telemetry, "shadow": True}
+    if args.steps is not None and "steps" in overrides:
+        raise sweep.ExperimentError(
+            f"--steps {args.steps} and --set steps={overrides['steps']!r}: give the steps once"
+        )
+    return sweep.load_experiment(
+        args.experiment, seeds=args.seeds, steps=args.steps, overrides=overrides
+    )
+
+
+def compile_cache_folder() -> Path:
+    """Where `fp4lab run` keeps compiled programs: $XDG_CACHE_HOME/fp4lab/jax, by default
+    ~/.cache/fp4lab/jax."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fp4lab" / "jax"
+
+
+def run(args) -> int:
+    from fp4lab import sweep
+    from fp4lab.stderr_filter import filter_stderr
+    from fp4lab.sweep import compute, failures, runner, store
+    from fp4lab.sweep.compute import use_compile_cache
+
+    if not args.no_compile_cache:
+        folder = args.compile_cache or compile_cache_folder()
+        use_compile_cache(folder, programs=True)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder)  # worker processes inherit it
+
+    if args.executor == "ray" and not args.dry_run:
+        from fp4lab.sweep import ray as ray_executor
+
+        ray_executor.import_ray()  # a missing Ray is reported before anything runs
+    exp = load_experiment(args)
+    out = Path(args.out) if args.out else Path("results") / exp.name
+    if args.dry_run:
+        st = store.Store(out)
+        runner.check_owner(exp, st, args.force)
+        print(f"{exp.name}: {len(exp.cells)} cells, {exp.n_runs} runs -> {out}")
+        if exp.overrides:
+            values = (f"{k}={getattr(exp.base, k)!r}" for k in exp.overrides)
+            print("  for every cell: " + ", ".join(values))
+        for cell in exp.cells:
+            done = sum(st.finished(r) for r in cell.run_ids())
+            seeds = " ".join("/".join(map(str, s)) for s in cell.seeds)
+            print(
+                f"  {cell.label}  seeds(init/data/quant) {seeds}  [{done}/{len(cell.seeds)} done]"
+            )
+        # each unfinished cell's run traced for shapes: does it fail at its start?
+        unfinished = (c for c in exp.cells if not all(map(st.finished, c.run_ids())))
+        failures.check_cells(unfinished, compute.check_cell)
+        return 0
+    options = {}
+    if args.executor == "ray":
+        options = {
+            "address": args.address,
+            "num_cpus": args.ray_cpus,
+            "num_gpus": args.ray_gpus,
+            "max_retries": args.max_retries,
+        }
+    # XLA's slow-compile banners (on fd 2, from this process and the workers) as one line each
+    with contextlib.nullcontext() if args.xla_log else filter_stderr():
+        counts = sweep.run_experiment(
+            exp,
+            out,
+            executor=args.executor,
+            workers=args.workers,
+            progress=not args.quiet,
+            force=args.force,
+            rerun_stale=args.rerun_stale,
+            progress_every=(None if args.stream or not args.quiet else 0)
+            if args.progress_every is None
+            else args.progress_every,
+            stream=args.stream,
+            **options,
+        )
+    print(
+        f"{exp.name}: {counts['done']} runs done, {counts['skipped']} already finished, "
+        f"{counts['failed']} failed -> {out}"
+    )
+    results = store.load(out)
+    print_summary(results, exp.name)
+    analyze_failed = False
+    if exp.analyze is not None and not failures.no_finished(results):
+        analyze_failed = analyze(exp, results, out)
+    if not args.no_figures and not failures.no_finished(results):
+        from fp4lab.analysis import plots
+
+        written = plots.standard_figures(results, out / "figures")
+        heat = [p for p in written if p.name.startswith("heatmap_rel_err")]
+        print(
+            f"\n{len(written)} figures in {out / 'figures'}" + (f", e.g. {heat[0]}" if heat else "")
+        )
+    return 1 if counts["failed"] or analyze_failed else 0
+
+
+def analyze(exp, results, out: Path) -> bool:
+    """Runs the experiment file's analyze(results) and writes each table to out/<name>.csv.
+    Returns True when it failed (the error is printed; the runs stay stored)."""
+    import pandas as pd
+
+    try:
+        tables = exp.analyze(results)
+        if not isinstance(tables, dict) or not all(
+            isinstance(k, str) and k.isidentifier() and isinstance(v, pd.DataFrame)
+            for k, v in tables.items()
+        ):
+            raise TypeError("must return {name: DataFrame}, names usable as file names")
+    except Exception as e:
+        print(f"\n{exp.path}: analyze(results) raised {type(e).__name__}: {e}", file=sys.stderr)
+        return True
+    for name, table in tables.items():
+        path = out / f"{name}.csv"
+        table.to_csv(path, index=False, float_format="%.5g")
+        print(f"\n{name} ({path}):")
+        print(table.to_string(index=False))
+    return False
+
+
+def print_summary(results, name: str) -> None:
+    import pandas as pd
+
+    from fp4lab.analysis import report, verdicts
+    from fp4lab.sweep import failures
+
+    if results.runs.empty:
+        print("no finished runs")
+        return
+    if failures.no_finished(results):  # no summary to tabulate: say why
+        print(f"\n{name}: no run finished; {failures.first(results)}")
+        return
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(f"\n{name}: per cell, intervals over seeds (95 %)")
+        print(report.cell_table(results.runs).to_string(index=False))
+    header, lines = verdicts.in_words(results.runs, report.summary_outcome(results.runs))
+    if lines:
+        print(f"\nwhich cells differ, {header}")
+        print("\n".join(f"  {line}" for line in lines))
+    if failed := failures.first(results):
+        print(failed)
