@@ -97,7 +97,9 @@ class Probe:
 
     def _outputs(self, params, rest, batch, gates):
         """(loss, flat gradient, {kind: [per-site tensors]}) of one gate vector."""
-        model = nnx.merge(self.graphdef, params, rest)
+        # the model's own copies of the state: merge may reuse the state's variables, and the
+        # gates, counters, outputs and taps are written below (each call from the same keys)
+        model = nnx.merge(self.graphdef, params, jax.tree.map(lambda a: a, rest))
         gate.set_gates(model, gates)
         diff = nnx.DiffState(0, nnx.Any(nnx.Param, gate.Tap))
         loss, grads = nnx.value_and_grad(self.task.loss, argnums=diff)(model, batch)

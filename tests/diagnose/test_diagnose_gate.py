@@ -90,6 +90,19 @@ def test_one_compile_serves_every_variant_checkpoint_batch_and_quant_seed():
                 seen.append(out["grad_rel"])
     assert p.compiles() == 1
     assert p._measure._cache_size() == 1
+    # a call leaves no trace in the state it is given: the same call again gives the same
+    # numbers, and a variant of all zeros is the shadow itself
+    rows = np.concatenate([gates, np.zeros((1, 6), np.float32)])
+    batch = eval_batch(task, keys, 0)
+    first, shadow = p.measure(weights[1], rests[0], batch, rows)
+    again, shadow_again = p.measure(weights[1], rests[0], batch, rows)
+    assert shadow == shadow_again
+    for k in first:
+        np.testing.assert_array_equal(first[k], again[k])
+    assert first["loss"][-1] == shadow
+    for k in ("y", "dx", "dw", "dy", "grad_rel"):  # float rounding of the batched program
+        assert np.all(first[k][-1] < 1e-6), k
+    assert p.compiles() == 2  # one more: the variants' count is part of the program's shape
     # and the variants did differ: all-FP4 has a gradient error, each Wgrad alone another
     assert all(s[0] > 1e-3 for s in seen)
     assert len({round(float(s[0]), 7) for s in seen}) == len(seen)  # checkpoints x batches x seeds
