@@ -27,6 +27,7 @@ _API = {
     "diagnose": ("fp4lab.diagnose.study", "diagnose"),
     "Diagnosis": ("fp4lab.diagnose.study", "Diagnosis"),
     "SCORES": ("fp4lab.diagnose.scores", "SCORES"),
+    "parse_overrides": ("fp4lab.sweep.experiment", "parse_overrides"),  # `--set FIELD=VALUE`
 }
 
 __all__ = [*_API]

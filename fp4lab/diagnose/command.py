@@ -64,6 +64,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--batches", type=_positive(int), default=3, help="batches per checkpoint")
     p.add_argument("--quant-seeds", type=_positive(int), default=3, help="quant seeds per batch")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="set a config field, e.g. --set n_layers=4 (repeatable; as fp4lab run's)",
+    )
     p.add_argument("--verify", action="store_true", help="stage 2: train the sets and compare")
     p.add_argument("--verify-steps", type=_positive(int), metavar="N", help="steps of stage 2")
     p.add_argument("--verify-seeds", type=_positive(int), default=4, help="seeds of stage 2")
@@ -79,6 +85,7 @@ def main(args) -> int:
         names = ("recipe", "hp", "score", "budget", "checkpoints", "batches", "quant_seeds")
         names += ("verify", "verify_steps", "verify_seeds")
         options = {name: getattr(args, name) for name in names}
+        options["config"] = package.parse_overrides(args.set or ()) or None
         d = package.diagnose(
             experiment=args.experiment, out=out, progress=not args.quiet, **options
         )

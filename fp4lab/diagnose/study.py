@@ -98,9 +98,7 @@ def _config(model, loss, batch, experiment, config, task_options) -> Config:
     if experiment is not None:
         if any(given) or task_options:
             raise ValueError("diagnose: give an experiment file or model, loss and batch, not both")
-        exp = load_experiment(experiment)
-        base = exp.base
-        return base if config is None else base.replace(**_fields(config))
+        return load_experiment(experiment, overrides=_fields(config or {})).base
     cfg = config if isinstance(config, Config) else Config(**dict(config or {}))
     if any(given):
         if not all(given):

@@ -72,7 +72,7 @@ def cli_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("diagnose")
     path, out = _file(folder), folder / "out"
     argv = ["diagnose", str(path), "--out", str(out), "--checkpoints", "0,10", "--batches", "2",
-            "--quant-seeds", "2"]  # fmt: skip
+            "--quant-seeds", "2", "--set", "lr=0.01"]  # fmt: skip
     rc = cli.main(argv)
     return rc, path, out
 
@@ -135,6 +135,9 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert cli.main(["diagnose", str(path), "--score", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "score='nope'" in err
+    assert cli.main(["diagnose", str(path), "--set", "nope=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nope" in err
     assert cli.main(["diagnose", str(tmp_path / "missing.py")]) == 2
     assert "no such experiment file" in capsys.readouterr().err
     with pytest.raises(ValueError, match="budget"):
