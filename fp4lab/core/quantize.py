@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4lab.core import formats, hadamard, prng, scaling, tiny
+from fp4lab.core import formats, hadamard, layout, prng, scaling, tiny
 from fp4lab.core.spec import QuantSpec
 
 __all__ = [
@@ -76,13 +76,18 @@ class QTensor:
         return formats.decode(self.codes, fmt)
 
     def dequantize(self, *, rotated: bool = False) -> jax.Array:
-        """x_hat in x's shape and dtype. rotated=True keeps the Hadamard domain (for GEMMs)."""
-        tile = _tile(self.spec, self.codes.shape)
-        vals = scaling.block_view(self.values(), tile)
-        fmt = formats.get_format(self.spec.elem)
-        vals, scale, outer = tiny.dequantize_factors(vals, self.scale, self.outer, fmt)
-        x = scaling.unblock(vals * scale * outer)
-        return restore(x, self.spec, self.shape, self.dtype, self.transform_key, rotated)
+        """x_hat in x's shape and dtype. rotated=True keeps the Hadamard domain (for GEMMs).
+        Jitted per spec, shape and rotated: an eager call compiles once."""
+        return _dequantize(self, rotated)
+
+
+@functools.partial(jax.jit, static_argnames=("rotated",))
+def _dequantize(q: QTensor, rotated: bool) -> jax.Array:
+    vals = scaling.block_view(q.values(), _tile(q.spec, q.codes.shape))
+    fmt = formats.get_format(q.spec.elem)
+    vals, scale, outer = tiny.dequantize_factors(vals, q.scale, q.outer, fmt)
+    x = scaling.unblock(vals * scale * outer)
+    return restore(x, q.spec, q.shape, q.dtype, q.transform_key, rotated)
 
 
 def _tile(spec: QuantSpec, shape: tuple) -> tuple[int, int]:
@@ -188,8 +193,16 @@ def quantize(
         scope one per row; default: computed from x (current scaling).
     Returns:
       A QTensor; `.dequantize()` gives x_hat.
+    Jitted per spec, shape and dtype: an eager call compiles once (inside a larger program it
+    is inlined).
     """
-    x = jnp.asarray(x)
+    _check_spec(spec)
+    _check_amax(amax)  # a concrete amax, before jit turns it into a tracer
+    return _quantize(jnp.asarray(x), spec, key, transform_key, amax)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _quantize(x, spec, key, transform_key, amax) -> QTensor:
     xb, scaled, scope, transform_key = quantize_blocks(x, spec, key, transform_key, amax)
     fmt = formats.get_format(spec.elem)
     if fmt.kind == "cast":
@@ -214,8 +227,8 @@ def quantize_blocks(x, spec: QuantSpec, key, transform_key, amax):
 def quantize_view(x, spec: QuantSpec, key, transform_key, amax):
     """`quantize_blocks` in the cheapest blocked view: (xb, scaled, scope, transform key, view).
 
-    Along an inner axis that can be blocked where it lies (`_in_place`), xb is the in-place
-    view (P, L/tx, tx, Q/ty, ty) and `view` its sizes; otherwise xb is the moved layout's
+    Along an inner axis that can be blocked where it lies (`layout.in_place_view`), xb is the
+    in-place view (P, L/tx, tx, Q/ty, ty) and `view` its sizes; otherwise xb is the moved layout's
     (..., R/ty, ty, K/tx, tx) and `view` is None. Either way the block axes are the third and
     the first from the end, and the values are the same bit for bit (`tests/core/test_in_place`).
     `restore_view` takes a blocked x_hat back to x's layout.
@@ -226,50 +239,14 @@ def quantize_view(x, spec: QuantSpec, key, transform_key, amax):
 def restore_view(xhat_b, spec: QuantSpec, shape, dtype, transform_key, rotated, view):
     """x_hat of `quantize_view`'s blocked view back in `shape` and `dtype` (as `restore`)."""
     if view is not None:
-        return _restore_in_place(xhat_b, spec, shape, dtype, transform_key, rotated, view)
+        return layout.restore_in_place(xhat_b, spec, shape, dtype, transform_key, rotated, view)
     return restore(scaling.unblock(xhat_b), spec, shape, dtype, transform_key, rotated)
 
 
-def _in_place(shape: tuple, spec: QuantSpec):
-    """(P, L, Q, ty, tx) when x can be blocked where it lies, else None.
-
-    Blocking along an axis that is not last needs no transposes: x viewed as (P, L, Q) (the
-    axes before, the quantized axis, the axes after) blocks as (P, L/tx, tx, Q/ty, ty), whose
-    blocks, block amaxes and elements are those of the moved layout's (P, Q/ty, ty, L/tx, tx),
-    transposed. Everything the quantizer computes from them is elementwise or a max, so the
-    values are the same bit for bit, given the random bits of each element's position in the
-    moved layout (`_stream_index`). Taken only where no padding is needed, the scope is not
-    "row" and four-over-six (whose sums run in the moved layout's order) is off.
-    """
-    ndim = len(shape)
-    axis = spec.axis if spec.axis >= 0 else ndim + spec.axis
-    if ndim < 2 or not 0 <= axis < ndim - 1:
-        return None
-    if spec.outer == "row" or spec.four_over_six is not None:
-        return None
-    p, n, q = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
-    ty, tx = spec.tile or (1, n)
-    need = tx if spec.transform is None else math.lcm(tx, spec.transform.size)
-    if n % need or shape[-1] % ty:
-        return None
-    return p, n, q, ty, tx
-
-
-def _stream_index(shape: tuple, n: int, q: int) -> jax.Array:
-    """Each element's flat position in the moved layout (P, Q, L), for the in-place blocked
-    view of `shape` (P, L/tx, tx, Q/ty, ty): the positions its random bits are drawn at."""
-    _, _, tx, _, ty = shape
-
-    def iota(d):
-        return jax.lax.broadcasted_iota(jnp.uint32, shape, d)
-
-    rows = iota(0) * jnp.uint32(q) + iota(3) * jnp.uint32(ty) + iota(4)
-    return rows * jnp.uint32(n) + iota(1) * jnp.uint32(tx) + iota(2)
-
-
 def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax, *, in_place: bool):
-    """`quantize_blocks`, and the in-place view's sizes (`_in_place`) when `in_place` allows it
-    (then xb is the in-place blocked view; `_restore_in_place` undoes it), else None."""
+    """`quantize_blocks`, and the in-place view's sizes (`layout.in_place_view`) when
+    `in_place` allows it (then xb is the in-place blocked view; `layout.restore_in_place`
+    undoes it), else None."""
     _check_spec(spec)
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -280,7 +257,7 @@ def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax, *, in_place: 
     k_round, k_t = _split(key, spec, transform_key)
     if transform_key is None:
         transform_key = k_t
-    view = _in_place(x.shape, spec) if in_place else None
+    view = layout.in_place_view(x.shape, spec) if in_place else None
     index = None
     if view is None:
         xt = _prepare(x, spec)
@@ -294,7 +271,7 @@ def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax, *, in_place: 
             xi = hadamard.rotate(xi, spec.transform, transform_key, axis=1)
         xb = xi.reshape(p, n // tx, tx, q // ty, ty)
         if spec.rounding == "stochastic":
-            index = _stream_index(xb.shape, n, q)
+            index = layout.stream_index(xb.shape, n, q)
     fmt = formats.get_format(spec.elem)
     if fmt.kind == "cast":
         one = jnp.ones((1,) * xb.ndim, jnp.float32)
@@ -307,16 +284,6 @@ def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax, *, in_place: 
         scope = _scope_from(amax, xb, spec.outer)
     scaled = _scale(xb, scope, spec, fmt, k_round, amax_b, index)
     return xb, scaled, scope, transform_key, view
-
-
-def _restore_in_place(xb, spec, shape, dtype, transform_key, rotated, view):
-    """`restore` for the in-place blocked view: unrotated along the quantized axis (unless
-    `rotated`) and reshaped back; no transposes."""
-    p, n, q, _, _ = view
-    x = xb.reshape(p, n, q)
-    if spec.transform is not None and not rotated:
-        x = hadamard.unrotate(x, spec.transform, transform_key, axis=1)
-    return x.reshape(shape).astype(dtype)
 
 
 def _check_spec(spec) -> None:
@@ -393,7 +360,7 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
 
     The same values as `quantize(...).dequantize(rotated=rotated)`, computed from the element
     grid values without encoding them to codes and decoding them back, and, along an axis
-    that is not last, without moving it (`_in_place`).
+    that is not last, without moving it (`layout.in_place_view`).
 
     Jitted per (shape, dtype, spec, rotated): inside a larger program, operands of the same
     shape and spec (a block's q, k and v projections) share one trace and one lowering, and
@@ -476,10 +443,17 @@ def fake_quant(
     Gradient: straight-through (the identity), the standard estimator for quantization-aware
     training: d fake_quant(x) / dx = I, including for saturated elements. `spec=None` returns x.
     rotated=True returns the values in the Hadamard domain (both GEMM operands rotated).
+    Jitted per spec, shape and dtype: an eager call compiles once.
     """
     if spec is None:
         return x
     _check_spec(spec)
+    _check_amax(amax)  # a concrete amax, before jit turns it into a tracer
+    return _fake_quant(x, spec, key, transform_key, amax, rotated)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "rotated"))
+def _fake_quant(x, spec, key, transform_key, amax, rotated):
     if transform_key is None:
         transform_key = _split(key, spec)[1]
     else:
