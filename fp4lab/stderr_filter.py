@@ -9,7 +9,7 @@ turn them off:
     [Compiling module jit_train for CPU] Very slow compile? If you want to file a bug, ...
     ********************************
 
-`filter_stderr()` routes fd 2 through a pipe while its block runs: a daemon thread reads the
+`filter_stderr()` routes fd 2 through a pipe while its block runs: a filter process reads the
 pipe in chunks and writes everything to the original stderr, except such a banner, which
 becomes one line:
 
@@ -30,11 +30,12 @@ Python's own `sys.stderr` writes go through the same pipe, so lines keep their o
 the block runs `sys.stderr` is a stream that writes to fd 2 but answers `isatty()` for the
 original stderr, so a terminal stays a terminal (live progress displays, colours).
 
-Limits: a crash of this process (a segfault, an XLA check failure that aborts) ends the thread
-with it, so the last output written before the crash may not be passed on; Python's
-faulthandler, if enabled, is pointed at the original stderr while the block runs. This module
-imports nothing from fp4lab (standard library only) and does nothing on a system without
-`select` on pipes (Windows).
+The filter runs in a process of its own (`serve`, started with this interpreter, about 30 ms),
+so a crash of this one (a segfault, an XLA check failure that aborts, kill -9) loses nothing
+written before it: the filter reads the pipe to its end and exits (tested with an abort).
+Python's faulthandler, if enabled, is pointed at the original stderr while the block runs.
+This module imports nothing else from fp4lab (standard library only) and does nothing on a
+system without `select` on pipes (Windows).
 """
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ import os
 import re
 import secrets
 import select
+import signal
+import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 
-__all__ = ["HOLD_SECONDS", "BannerFilter", "filter_stderr"]
+__all__ = ["HOLD_SECONDS", "BannerFilter", "filter_stderr", "serve"]
 
 HOLD_SECONDS = 0.5  # the longest text that may begin a banner is held without new input
 
@@ -242,17 +244,15 @@ class BannerFilter:
 
 
 class _Pump:
-    """The daemon thread: reads the pipe, filters, writes to the original stderr (`out`).
-    The sentinel, written last by `filter_stderr`, marks everything before it passed on."""
+    """The filter process's loop: reads the pipe (`read`), filters, writes to the original
+    stderr (`out`). The sentinel, written last by `filter_stderr`, marks everything before it
+    passed on: the pump then writes a byte to `ack`."""
 
-    def __init__(self, read: int, out: int) -> None:
-        self.read, self.out = read, out
-        self.sentinel = b"\0fp4lab-stderr-filter-" + secrets.token_hex(8).encode() + b"\0"
-        self.drained = threading.Event()
+    def __init__(self, read: int, out: int, ack: int, sentinel: bytes) -> None:
+        self.read, self.out, self.ack, self.sentinel = read, out, ack, sentinel
         self.filter = BannerFilter()
         self.broken = False  # the original stderr is gone: keep reading, write nothing
         self.carry = b""  # a chunk's end that could be the beginning of the sentinel
-        self.thread = threading.Thread(target=self._run, name="stderr-filter", daemon=True)
 
     def _write(self, data: bytes) -> None:
         while data and not self.broken:
@@ -265,14 +265,21 @@ class _Pump:
             except OSError:
                 self.broken = True
 
-    def _run(self) -> None:
+    def _acknowledge(self) -> None:
+        if self.ack >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self.ack, b"1")
+                os.close(self.ack)
+            self.ack = -1
+
+    def run(self) -> None:
         try:
             self._filtered()
         except Exception:  # a bug here must not block the writers: pass the rest on as is
             self._write(self.filter.flush())
             self._unfiltered()
         finally:
-            self.drained.set()
+            self._acknowledge()
 
     def _filtered(self) -> None:
         poll = select.poll()
@@ -289,7 +296,7 @@ class _Pump:
             at = data.find(self.sentinel)
             if at >= 0:
                 self._write(self.filter.feed(data[:at]) + self.filter.flush())
-                self.drained.set()
+                self._acknowledge()
                 data = data[at + len(self.sentinel) :]
             else:
                 keep = self._sentinel_start(data)
@@ -305,7 +312,7 @@ class _Pump:
                 if self.sentinel in data:
                     data = data.replace(self.sentinel, b"")
                     self._write(data)
-                    self.drained.set()
+                    self._acknowledge()
                     data = b""
                 else:
                     keep = self._sentinel_start(data)
@@ -357,9 +364,10 @@ def _writes_to_fd2(stream) -> bool:
 def filter_stderr() -> Iterator[None]:
     """Routes file descriptor 2 through the filter of XLA's slow-operation banners while the
     block runs (module docstring). On leaving, normally or by an exception, fd 2 is restored
-    and everything written before is passed on first. Output of a process started inside
-    that outlives the block (a multiprocessing resource tracker) is still passed on while this
-    process lives."""
+    and everything written before is passed on first. The filter is a process of its own, so
+    a crash of this one (an abort, a segfault, kill -9) loses nothing written before it: the
+    filter reads the pipe to its end. Output of a process started inside that outlives the
+    block (a multiprocessing resource tracker) is still passed on while it lives."""
     if os.name != "posix":
         yield
         return
@@ -372,8 +380,25 @@ def filter_stderr() -> Iterator[None]:
         yield
         return
     read, write = os.pipe()
-    pump = _Pump(read, original)
-    pump.thread.start()
+    ack_read, ack_write = os.pipe()
+    sentinel = "fp4lab-stderr-filter-" + secrets.token_hex(8)
+    try:
+        pump = subprocess.Popen(
+            [sys.executable, "-c", _SERVE, str(original), str(ack_write), sentinel],
+            stdin=read,
+            stdout=subprocess.DEVNULL,
+            stderr=original,
+            pass_fds=(original, ack_write),
+            start_new_session=True,  # a Ctrl-C of the terminal stops the run, not its output
+        )
+    except OSError:  # no process to filter with: stderr as it is
+        for fd in (read, write, ack_read, ack_write, original):
+            os.close(fd)
+        yield
+        return
+    _PUMPS.append(pump)
+    os.close(read)
+    os.close(ack_write)
     os.dup2(write, 2)  # C code here and every child process started from now write to the pipe
     python_stderr, ours = sys.stderr, None
     try:
@@ -386,7 +411,7 @@ def filter_stderr() -> Iterator[None]:
                 write_through=True,
             )
             sys.stderr = ours
-            if faulthandler.is_enabled():  # a crash's dump must not wait for the thread
+            if faulthandler.is_enabled():  # a crash's dump goes around the pipe
                 faulthandler.enable(file=original)
         yield
     finally:
@@ -400,12 +425,30 @@ def filter_stderr() -> Iterator[None]:
                 faulthandler.enable(file=python_stderr)
         os.dup2(original, 2)
         try:
-            os.write(write, pump.sentinel)  # after everything written to the pipe before
+            os.write(write, b"\0" + sentinel.encode() + b"\0")  # after all written before
         finally:
             os.close(write)
-        while not pump.drained.wait(0.05) and pump.thread.is_alive():
-            pass
-        pump.thread.join(0.2)  # the end of input follows unless another process holds the pipe
-        if not pump.thread.is_alive():
-            os.close(read)
-            os.close(original)
+        # the filter answers once it has passed everything before the sentinel on (or exits)
+        with contextlib.suppress(OSError):
+            select.select([ack_read], [], [], _ACK_SECONDS)
+        os.close(ack_read)
+        os.close(original)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            pump.wait(0.2)  # it ends with the pipe, unless another process still holds it
+        if pump.poll() is not None:
+            _PUMPS.remove(pump)
+
+
+_ACK_SECONDS = 30.0  # the longest wait for the filter to pass the block's output on
+_PUMPS: list = []  # filter processes that outlive their block (a process holds the pipe)
+_SERVE = (
+    "import sys; from fp4lab.stderr_filter import serve; "
+    "serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])"
+)
+
+
+def serve(out: int, ack: int, sentinel: str) -> None:
+    """The filter process: stdin (the pipe) filtered to `out` until the pipe's end; a byte on
+    `ack` once the sentinel has come and everything before it is passed on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _Pump(0, out, ack, b"\0" + sentinel.encode() + b"\0").run()

@@ -204,3 +204,29 @@ def test_run_accepts_xla_log(capsys):
         cli.main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--xla-log show XLA's own log lines unfiltered" in text
+
+
+ABORT = """
+import os, sys
+from fp4lab.stderr_filter import filter_stderr
+
+BANNER = {banner!r}
+with filter_stderr():
+    os.write(2, b"before the banner\\n")
+    os.write(2, BANNER.encode())
+    print("the last words from python", file=sys.stderr)
+    os.write(2, b"E1130 22:05")  # held: it could begin a banner
+    os.abort()
+"""
+
+
+def test_a_process_that_aborts_loses_nothing_it_wrote(tmp_path):
+    # the filter is a process of its own: the crash closes the pipe, the filter reads it to
+    # its end, passes everything on (the held beginning verbatim) and exits
+    script = tmp_path / "abort.py"
+    script.write_text(ABORT.format(banner=TOOK))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=60)
+    assert result.returncode < 0  # killed by SIGABRT
+    assert result.stderr.decode() == (
+        "before the banner\n" + SUMMARIES[TOOK] + "the last words from python\n" + "E1130 22:05"
+    )
