@@ -30,7 +30,8 @@ def test_no_module_imports_another_modules_private_name():
 
 def test_function_level_fp4lab_imports_are_the_deliberate_lazy_ones():
     # the cli package and package __init__ files load their layers lazily (a fast
-    # `fp4lab --help` and `import fp4lab`); sweep.compute reaches the trainer only inside compute_cell.
+    # `fp4lab --help` and `import fp4lab`); sweep.compute reaches the trainer only inside
+    # compute_cell.
     allowed = {"__init__.py", "compute.py"}
     found = []
     for path in PACKAGE.rglob("*.py"):
