@@ -6,7 +6,7 @@
     hadamard   blockwise Hadamard rotations
     spec       QuantSpec and the constructors nvfp4 / mxfp4 / mxfp8 / fp8 / cast_spec
     quantize   QTensor, quantize, quantize_dequantize, fake_quant, and the blocks API
-    cpu_kernels  C++ kernels built on first use, called through XLA's FFI (the fused statistics)
+    cpu_kernels  C++ kernels built at install (setup.py), called through XLA's FFI
     stats      operand_stats: the error a quantizer makes on one operand
     gemm_recipe  GemmRecipe: the six operand specs and the backward mode, one value
     recipes    the registry of named recipes, override (GemmRecipe re-exported)
