@@ -41,11 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:  # bare `fp4lab`: the help with examples
         parser.print_help()
         return 0
-    from fp4lab.sweep.experiment import ExperimentError
-    from fp4lab.sweep.ray import RayNotInstalled
-    from fp4lab.sweep.records import StoreError
-    from fp4lab.train.config import ConfigError
-
     previous = terminate_as_interrupt() if args.command == "run" else None
     formatwarning = warnings.formatwarning
     warnings.formatwarning = one_line_warning
@@ -54,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `fp4lab ... | head`: the reader is gone, say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (ExperimentError, ConfigError, StoreError, OSError, RayNotInstalled) as e:
+    except Exception as e:
+        if not isinstance(e, user_errors()):
+            raise
         print(f"fp4lab {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -67,6 +64,23 @@ def main(argv: list[str] | None = None) -> int:
         warnings.formatwarning = formatwarning
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+# The errors a command reports in one line (exit 2), by module: the module of an error raised is
+# loaded, so those not loaded are not looked for, and `ls` or `show` never load the trainer or jax
+# just to name the errors of `run`.
+USER_ERRORS = {
+    "fp4lab.sweep.experiment": "ExperimentError",
+    "fp4lab.sweep.ray": "RayNotInstalled",
+    "fp4lab.sweep.records": "StoreError",
+    "fp4lab.train.config": "ConfigError",
+}
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """OSError and the `USER_ERRORS` of the modules this process has loaded."""
+    loaded = [getattr(sys.modules[m], name) for m, name in USER_ERRORS.items() if m in sys.modules]
+    return (OSError, *loaded)
 
 
 def one_line_warning(message, category, filename, lineno, line=None) -> str:

@@ -22,19 +22,21 @@ def ls(args) -> int:
     for folder in folders:
         st = store.Store(folder)  # what follows reads its index only (`fp4lab.sweep.index`)
         manifest = st.experiment() or {}
-        records = {r["run_id"]: r for r in st.summaries()}
+        frame = st.frame(["run_id", "cell", "status", "config_key"])
+        status = dict(zip(frame["run_id"].tolist(), frame["status"].tolist(), strict=True))
         print(f"{folder}  ({manifest.get('name', folder.name)})")
-        listed = manifest.get("cells") and checked(manifest, [*records.values()], st.config_ids())
-        current = {rid for c in listed or () for rid in c["run_ids"]} or records  # as store.load
-        if current is records:  # no manifest, or one that pools no run: the records' labels
-            listed = cells_of(store.label_runs([*records.values()], {}, ids=st.config_ids()))
+        listed = manifest.get("cells") and checked(manifest, store.made(frame))
+        current = {rid for c in listed or () for rid in c["run_ids"]} or status  # as store.load
+        if current is status:  # no manifest, or one that pools no run: the records' labels
+            labelled = store.label_runs(frame, {})
+            pairs = zip(labelled["run_id"].tolist(), labelled["label"].tolist(), strict=True)
+            listed = cells_of(pairs)
         for cell in listed:
-            rs = [records.get(r) for r in cell["run_ids"]]
-            ok = sum(r is not None and r["status"] == "ok" for r in rs)
-            failed = sum(r is not None and r["status"] == "failed" for r in rs)
-            missing = len(rs) - ok - failed
+            made = [status.get(r) for r in cell["run_ids"]]
+            ok, failed = made.count("ok"), made.count("failed")
+            missing = len(made) - ok - failed
             print(f"  {cell.get('label', '?'):40s} ok {ok}  failed {failed}  missing {missing}")
-        stale = sum(rid not in current for rid in records)
+        stale = len(status.keys() - current)
         if stale:
             print(f"  stale: {stale} runs the experiment file no longer asks for (show --stale)")
     return 0
@@ -53,10 +55,10 @@ def compact(args) -> int:
 
 
 def cells_of(labelled) -> list[dict]:
-    """Cells of a folder without a manifest: the records grouped by label and config."""
+    """Cells of a folder without a manifest: (run id, label) pairs grouped by label."""
     cells: dict[str, list[str]] = {}
-    for r, label in labelled:
-        cells.setdefault(label, []).append(r["run_id"])
+    for rid, label in labelled:
+        cells.setdefault(label, []).append(rid)
     return [{"label": k, "run_ids": v} for k, v in cells.items()]
 
 

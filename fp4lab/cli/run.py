@@ -37,7 +37,7 @@ def compile_cache_folder() -> Path:
 def run(args) -> int:
     from fp4lab import sweep
     from fp4lab.stderr_filter import filter_stderr
-    from fp4lab.sweep import compute, failures, runner, store
+    from fp4lab.sweep import compute, experiment, failures, runner, store
     from fp4lab.sweep.compute import use_compile_cache
 
     if not args.no_compile_cache:
@@ -66,7 +66,7 @@ def run(args) -> int:
             )
         # each unfinished cell's run traced for shapes: does it fail at its start?
         unfinished = (c for c in exp.cells if not all(map(st.finished, c.run_ids())))
-        failures.check_cells(unfinished, compute.check_cell)
+        experiment.check_cells(unfinished, compute.check_cell)
         return 0
     options = {}
     if args.executor == "ray":

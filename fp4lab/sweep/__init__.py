@@ -21,19 +21,39 @@
 The trainer is reached only inside `compute_cell`; the rest runs without flax.
 """
 
-from fp4lab.sweep.compute import clear_cache, compute_cell
-from fp4lab.sweep.experiment import (
-    Cell,
-    Experiment,
-    ExperimentError,
-    load_experiment,
-    parse_overrides,
-    seed_triples,
-)
-from fp4lab.sweep.records import CorruptRecord, StoreError
-from fp4lab.sweep.reproduce import ReproductionError, reproduce
-from fp4lab.sweep.runner import EXECUTORS, FolderTaken, pending, run_experiment
-from fp4lab.sweep.store import NUMERICS_VERSION, load
+import importlib
+
+# name -> its module: loaded on first use (`import fp4lab.sweep` loads neither jax nor pandas;
+# `compute_cell` and `clear_cache` load jax, the trainer only once a cell is computed)
+_LAZY = {
+    "clear_cache": "compute",
+    "compute_cell": "compute",
+    **dict.fromkeys(
+        ("Cell", "Experiment", "ExperimentError", "load_experiment", "parse_overrides"),
+        "experiment",
+    ),
+    "seed_triples": "experiment",
+    "CorruptRecord": "records",
+    "StoreError": "records",
+    "ReproductionError": "reproduce",
+    "reproduce": "reproduce",
+    **dict.fromkeys(("EXECUTORS", "FolderTaken", "pending", "run_experiment"), "runner"),
+    "NUMERICS_VERSION": "store",
+    "load": "store",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Cell",

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["checked"]
 
 
 def checked(
-    manifest: dict[str, Any] | None,
-    records: list[dict[str, Any]],
-    config_id: Callable[[dict[str, Any], dict[str, str] | None], str],
+    manifest: dict[str, Any] | None, made: Mapping[str, tuple[str | None, str]]
 ) -> list[dict[str, Any]]:
     """The manifest's cells, [{"label", "run_ids"}] in its order, each with the run ids its label
     pools: those without a record (missing) and those whose record agrees with the label (see
@@ -31,29 +29,28 @@ def checked(
 
     Args:
       manifest: the folder's experiment.json (None: no cells).
-      records: the folder's run records (any of them; those the manifest lists are checked).
-      config_id: (config, data hashes) -> the id of a run's config (`fp4lab.sweep.store`).
+      made: {run id: (the cell its record names, the id of its config)} of the folder's runs
+        (any of them; those the manifest lists are checked), as `Store.made` gives them.
     """
     cells = [
         (c.get("label", "?"), list(dict.fromkeys(c["run_ids"])))
         for c in (manifest or {}).get("cells", [])
     ]
     listed = {rid for _, ids in cells for rid in ids}
-    by_id = {r["run_id"]: r for r in records if r["run_id"] in listed}
-    key = {rid: config_id(r["config"], r.get("data")) for rid, r in by_id.items()}
-    made_as: dict[str, Counter] = {}  # recorded label -> the config ids of the listed runs
-    for rid, r in by_id.items():
-        made_as.setdefault(r.get("cell"), Counter())[key[rid]] += 1
+    by_id = {rid: v for rid, v in made.items() if rid in listed}  # in `made`'s order (ties)
+    made_as: dict[str | None, Counter] = {}  # recorded label -> the config ids of the listed runs
+    for (cell, key), n in Counter(by_id.values()).items():
+        made_as.setdefault(cell, Counter())[key] += n
     out, taken = [], set()
     for label, ids in cells:
-        own = Counter(key[rid] for rid in ids if rid in by_id and by_id[rid].get("cell") == label)
-        votes = own or made_as.get(label) or Counter(key[rid] for rid in ids if rid in by_id)
+        own = Counter(by_id[rid][1] for rid in ids if rid in by_id and by_id[rid][0] == label)
+        votes = own or made_as.get(label) or Counter(by_id[rid][1] for rid in ids if rid in by_id)
         config = votes.most_common(1)[0][0] if votes else None
         keep, other, twice = [], [], []
         for rid in ids:
             if rid in taken:
                 twice.append(rid)
-            elif rid in by_id and key[rid] != config:
+            elif rid in by_id and by_id[rid][1] != config:
                 other.append(rid)
             else:
                 keep.append(rid)
@@ -64,10 +61,10 @@ def checked(
     return out
 
 
-def _warn(label: str, other: list[str], twice: list[str], by_id: dict[str, dict]) -> None:
+def _warn(label: str, other: list[str], twice: list[str], by_id: dict[str, tuple]) -> None:
     parts = []
     if other:
-        made = sorted({str(by_id[rid].get("cell")) for rid in other})
+        made = sorted({str(by_id[rid][0]) for rid in other})
         parts.append(
             f"{len(other)} runs of another config (recorded as cell {', '.join(made)}; e.g. "
             f"{other[0]})"

@@ -66,6 +66,7 @@ __all__ = [
     "Cell",
     "Experiment",
     "ExperimentError",
+    "check_cells",
     "load_experiment",
     "parse_overrides",
     "seed_triples",
@@ -398,3 +399,12 @@ def _parse_value(text: str, default: Any) -> Any:
     if isinstance(default, str) and not isinstance(value, str):
         return text  # a string field: `--set text_path=2024` is the file "2024"
     return value
+
+
+def check_cells(cells: Iterable[Cell], check: Callable[[Config], str | None]) -> None:
+    """Raises ExperimentError (one line: where, which cell, why) for the first cell whose run
+    would fail at its start: `check` (`fp4lab.sweep.compute.check_cell`, which traces it)
+    gives the reason."""
+    for cell in cells:
+        if why := check(cell.config):
+            raise ExperimentError(f"{cell.where}: cell {cell.label} would fail: {why}")

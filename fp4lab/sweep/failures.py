@@ -1,25 +1,23 @@
-"""Why runs fail, in one line: before they run (`check_cell`) and after (`reason`, `first`).
+"""Why runs fail, in one line, after they ran (`reason`, `first`); before they run, see
+`fp4lab.sweep.experiment.check_cells`. Nothing here loads jax (`fp4lab show` reads it).
 
 A failed run's record holds the traceback of what it raised (`fp4lab.sweep.executors.attempt`);
 the progress line, `fp4lab run`'s summary, `plot` and `report` show its last exception line
 instead: `reason`. `fp4lab run --dry-run` traces each cell's training run for shapes only
 (`jax.eval_shape`: nothing is computed; `fp4lab.sweep.compute.check_cell`, where the sweep
 reaches the trainer) and names the cells that would fail, such as a width that a quantizer's
-block size does not divide, before anything runs: `check_cells`.
+block size does not divide, before anything runs (`fp4lab.sweep.experiment.check_cells`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
 from typing import Any
 
-from fp4lab.sweep.experiment import Cell, ExperimentError
 from fp4lab.sweep.records import StoreError
 from fp4lab.sweep.store import Store
-from fp4lab.train.config import Config
 
-__all__ = ["check_cells", "first", "no_finished", "reason"]
+__all__ = ["first", "no_finished", "reason"]
 
 # an exception line of a traceback: "ValueError: ...", "jax.errors.Foo: ...", "KeyError"
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(: |$)")
@@ -49,15 +47,6 @@ def first(results: Any) -> str | None:
         f"{len(failed)} failed of {len(runs)} runs; the first (cell {row['cell']}): "
         f"{reason(record.get('error'))}"
     )
-
-
-def check_cells(cells: Iterable[Cell], check: Callable[[Config], str | None]) -> None:
-    """Raises ExperimentError (one line: where, which cell, why) for the first cell whose run
-    would fail at its start: `check` (`fp4lab.sweep.compute.check_cell`, which traces it)
-    gives the reason."""
-    for cell in cells:
-        if why := check(cell.config):
-            raise ExperimentError(f"{cell.where}: cell {cell.label} would fail: {why}")
 
 
 def no_finished(results: Any) -> bool:

@@ -56,7 +56,7 @@ from fp4lab.schema import RECORDED_BEFORE, SEED_COLUMNS, STREAMS
 from fp4lab.sweep import compact, frames
 from fp4lab.sweep import metrics as metrics_file
 from fp4lab.sweep.cells import checked
-from fp4lab.sweep.index import Index, stamp_of
+from fp4lab.sweep.index import COLUMNS, Index, stamp_of
 from fp4lab.sweep.provenance import code_version, cpu, host, package_versions
 from fp4lab.sweep.records import (
     SCHEMA,
@@ -87,6 +87,7 @@ __all__ = [
     "data_hashes",
     "label_runs",
     "load",
+    "made",
     "package_versions",
     "provenance",
     "run_id",
@@ -110,7 +111,12 @@ INERT: dict[str, Callable[[dict[str, Any]], bool]] = {
     "telemetry_stats": lambda config: not config.get("telemetry_every"),
     "task_file": lambda config: True,  # a path: its content hash is in the data hashes
 }
-_DATA_FIELDS = {"text": "text_path"}  # task -> the config field naming its data file
+_DATA_FIELDS = {"text": "text_path"}
+# `Store.frame`'s columns, and config_id: the index's but the code version and precedence
+FRAME_COLUMNS = [c for c in map(str.strip, COLUMNS.split(",")) if c not in ("code", "rank")]
+_NUMBERS = dict.fromkeys(SEED_COLUMNS + ("numerics", "has_file"), "int64") | {
+    "wall_s": "float64"
+}  # task -> the config field naming its data file
 
 
 def data_hashes(config: dict[str, Any]) -> dict[str, str]:
@@ -222,7 +228,9 @@ class Store:
     def read(self, rid: str, metrics: bool = True) -> dict[str, Any] | None:
         """The record of run `rid`, or None when it is absent or bad (bad: one warning). With
         `metrics`, its series and telemetry are filled in from its Parquet file or compacted
-        part (if it has one), so the record reads as the run's full result in every layout."""
+        part (if it has one), so the record reads as the run's full result in every layout; a
+        run whose metrics a thinning compaction dropped (`compact.compact(keep_metrics=...)`)
+        reads without series and telemetry."""
         rows = self.index().rows("run_id=?", (rid,))
         if not rows:
             return None
@@ -238,7 +246,10 @@ class Store:
 
         if not (metrics and record and record.get("metrics")):
             return record
-        return metrics_file.series_of(record, table(record, self.runs_dir))
+        rows = table(record, self.runs_dir)
+        if not rows.num_rows:  # dropped by a thinning compaction: `reproduce` regenerates them
+            return record
+        return metrics_file.series_of(record, rows)
 
     def finished(self, rid: str) -> bool:
         """Whether `rid` has a valid record with status "ok" (failed runs are retried)."""
@@ -310,7 +321,7 @@ class Store:
         overrides and error (run_id, experiment, cell, status, seeds, config, data, numerics,
         summary, wall_s, provenance). Runs of one config share its `config` dict."""
         index = self.index()
-        configs, provs = self._configs(), index.provenances()
+        configs, provs = self.configs(), index.provenances()
         out = []
         for row in index.rows():
             config, data, _ = configs[row[7]]
@@ -321,24 +332,44 @@ class Store:
             out.append(record)
         return out
 
-    def config_ids(self) -> Callable[[dict[str, Any], dict | None], str]:
-        """`config_id`, answered from the index for the `config` dicts of `summaries`."""
-        cached = {id(c): i for c, _, i in self._configs().values()}
-        return lambda config, data=None: cached.get(id(config)) or config_id(config, data)
+    def frame(self, columns: Sequence[str] = FRAME_COLUMNS) -> pd.DataFrame:
+        """Every run as the index holds it, one row per run id in id order, from one query: the
+        index's `columns` (`fp4lab.sweep.index.COLUMNS`, run_id first: the summary as JSON
+        text, the config and provenance by key, which `configs` and `Index.provenances`
+        resolve), and config_id where config_key is among them."""
+        rows = self.index().rows(columns=", ".join(columns))
+        values = zip(*rows, strict=True) if rows else [()] * len(columns)
+        by_column = zip(columns, values, strict=True)
+        frame = pd.DataFrame(  # text as object: converting it to pandas' str costs more here
+            {c: pd.Series(v, dtype=_NUMBERS.get(c, object)) for c, v in by_column}
+        )
+        if "config_key" in columns:
+            ids = {key: cid for key, (_, _, cid) in self.configs().items()}
+            frame["config_id"] = frame["config_key"].map(ids)
+        return frame
 
-    def _configs(self) -> dict[str, tuple[dict, dict, str]]:
-        """{config key: (config, data, config id)}: one dict per config for this Store's life
-        (`config_ids` knows them by identity), new ones added as the index grows."""
+    def configs(self) -> dict[str, tuple[dict, dict, str]]:
+        """{config key: (config, data hashes, config id)} of the index: one dict per config for
+        this Store's life, new ones added as the index grows."""
         self._config_cache = self.index().configs() | self._config_cache
         return self._config_cache
 
-    def current_ids(self, manifest: dict[str, Any] | None = None, records=None) -> dict[str, str]:
+    def current_ids(
+        self, manifest: dict[str, Any] | None = None, frame: pd.DataFrame | None = None
+    ) -> dict[str, str]:
         """{run id: cell label} of the manifest's cells (empty without one) as the records bear
-        them out (`fp4lab.sweep.cells.checked`); `records`: the folder's, when already read."""
+        them out (`fp4lab.sweep.cells.checked`); `frame`: the folder's `frame`, when read."""
         manifest = self.experiment() if manifest is None else manifest
-        records = self.summaries() if records is None and manifest else records or []
-        pooled = checked(manifest, records, self.config_ids())
+        if not manifest:
+            return {}
+        pooled = checked(manifest, made(self.frame() if frame is None else frame))
         return {r: c["label"] for c in pooled for r in c["run_ids"]}
+
+
+def made(frame: pd.DataFrame) -> dict[str, tuple[str, str]]:
+    """{run id: (the cell its record names, its config id)} of a `Store.frame`."""
+    pairs = zip(frame["cell"].tolist(), frame["config_id"].tolist(), strict=True)
+    return dict(zip(frame["run_id"].tolist(), pairs, strict=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,31 +390,22 @@ class Results:
     config_fields: tuple[str, ...] = ()  # the config columns of `runs`, in the config's order
 
 
-def label_runs(
-    records, current: dict[str, str], stale: bool = False, ids: Callable | None = None
-) -> list[tuple[dict, str]]:
-    """(record, cell label) of the runs to show. Current runs take the manifest's label; stale
-    runs (and runs of a folder without a manifest whose label spans several configs) get their
-    config id appended, so runs of different configs never share a label. Without a manifest
-    (`current` empty) every run counts as current and none as stale. `ids`: `config_id`, or
-    `Store.config_ids` for records from `Store.summaries`."""
+def label_runs(frame: pd.DataFrame, current: dict[str, str], stale: bool = False) -> pd.DataFrame:
+    """The rows of a `Store.frame` to show, with their cell `label`. Current runs take the
+    manifest's label; stale runs (and runs of a folder without a manifest whose label spans
+    several configs) get their config id appended, so runs of different configs never share a
+    label. Without a manifest (`current` empty) every run counts as current and none as
+    stale."""
     if current and not stale:
-        return [(r, current[r["run_id"]]) for r in records if r["run_id"] in current]
+        label = frame["run_id"].map(current)
+        return frame.assign(label=label)[label.notna()]
     if stale and not current:
-        return []
-    ids = ids or config_id
-    chosen = [r for r in records if r["run_id"] not in current]
-    cid = {id(r): ids(r["config"], r.get("data")) for r in chosen}
-    configs: dict[str, set] = {}
-    for r in chosen:
-        configs.setdefault(r["cell"], set()).add(cid[id(r)])
-    out = []
-    for r in chosen:
-        tag = stale or len(configs[r["cell"]]) > 1
-        out.append(
-            (r, f"{r['cell']} [{'stale ' if stale else ''}{cid[id(r)]}]" if tag else r["cell"])
-        )
-    return out
+        return frame.iloc[:0].assign(label=pd.Series(dtype=object))
+    chosen = frame[frame["run_id"].map(current).isna()] if current else frame
+    tag = chosen.groupby("cell")["config_id"].transform("nunique") > 1
+    prefix = " [stale " if stale else " ["
+    tagged = chosen["cell"] + prefix + chosen["config_id"] + "]"
+    return chosen.assign(label=tagged.where(tag | stale, chosen["cell"]))
 
 
 def load(
@@ -419,17 +441,20 @@ def load(
         raise StoreError(f"{p} is a file; load a results folder (the one holding runs/)")
     store = Store(p)
     manifest = store.experiment()
-    records = store.summaries()
-    current = store.current_ids(manifest, records)
-    n_stale = sum(r["run_id"] not in current for r in records) if current else 0
-    chosen = frames.filtered(label_runs(records, current, stale, store.config_ids()), cells, seeds)
+    frame = store.frame()
+    current = store.current_ids(manifest, frame)
+    n_stale = len(frame) - len(current.keys() & set(frame["run_id"].tolist())) if current else 0
+    chosen = frames.filtered(label_runs(frame, current, stale), cells, seeds)
     name = manifest["name"] if manifest and not stale and current else None
-    runs, fields = frames.runs_frame(chosen, name, lambda config: ID_DEFAULTS | identity(config))
+    configs, summaries = store.configs(), frames.summaries(chosen)
+    runs, fields = frames.runs_frame(
+        chosen, configs, summaries, name, lambda config: ID_DEFAULTS | identity(config)
+    )
     if manifest and len(runs):  # cells in the order the experiment adds them
         order = {c.get("label"): i for i, c in enumerate(manifest["cells"])}
         key = runs["cell"].map(lambda c: order.get(c, len(order)))
         runs = runs.assign(_o=key).sort_values(["_o", "cell", *SEED_COLUMNS], kind="stable")
         runs = runs.drop(columns="_o").reset_index(drop=True)
-    table = frames.metrics_frame(store, [r for r, _ in chosen], names)
-    provenance_frame = frames.provenance_frame([r for r, _ in chosen])
+    table = frames.metrics_frame(store, chosen, configs, summaries, names)
+    provenance_frame = frames.provenance_frame(chosen, store.index().provenances())
     return Results(p, runs, table, manifest, provenance_frame, stale, n_stale, fields)

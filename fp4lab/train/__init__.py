@@ -7,15 +7,16 @@
     trainer        make_keys, make_train(config) -> train(keys), pure and vmap-able over seeds
     summary        one seed's arrays -> the numbers of its row in a runs table
 
-Only `config` is imported with the package (host-side code validates configs without loading
-flax); the names of the other modules are resolved when first used.
+Nothing is imported with the package: each name is resolved from its module when first used
+(`Config` loads jax's numerics for its checks, not flax; a reader of results that imports
+`fp4lab.train.own` loads neither).
 """
 
 import importlib
 
-from fp4lab.train.config import Config, ConfigError
-
 _LAZY = {
+    "Config": "config",
+    "ConfigError": "config",
     "Task": "tasks",
     "make_task": "tasks",
     "init_model": "tasks",

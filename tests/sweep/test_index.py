@@ -1,6 +1,8 @@
 """The summary index and compaction: the index rebuilt from the files equals the live one, a
 compacted folder loads as before and resumes, filters read only what they name."""
 
+import subprocess
+import sys
 import warnings
 
 import pandas as pd
@@ -118,3 +120,20 @@ def test_an_edited_part_is_skipped_with_a_warning_and_its_runs_redone(tmp_path):
     with pytest.warns(sweep.CorruptRecord, match="metrics-0001.parquet is not the one"):
         assert store.load(out).runs.empty
     assert run(path, out, compute=fake_compute)["done"] == 4
+
+
+def test_ls_and_show_as_a_fresh_process_load_no_jax(tmp_path):
+    """Reading a results folder loads neither jax nor the trainer (`import fp4lab.sweep` is
+    lazy, the CLI names `run`'s errors only from the modules loaded)."""
+    out = tmp_path / "res"
+    run(write_experiment(tmp_path, CELLS), out, compute=fake_compute)
+    code = (
+        "import sys; from fp4lab import cli; codes = [cli.main(c.split()) for c in sys.argv[1:]]; "
+    )
+    code += "print(codes, sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, f"ls {out}", f"show {out}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines()[-1] == "[0, 0] []"
+    assert "ok 2  failed 0  missing 0" in done.stdout

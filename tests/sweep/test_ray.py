@@ -15,11 +15,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from fp4lab import cli, sweep
+from fp4lab.sweep import compact, index, store
 from fp4lab.sweep import ray as ray_executor
-from fp4lab.sweep import store
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'fp4lab[ray]'")
 
@@ -293,3 +294,40 @@ def test_interrupted_sweep_cancels_its_tasks_and_resumes(ray_cluster, tmp_path, 
     assert set(after) == run_ids(exp)  # every run exactly once, no strays
     assert all(after[rid] == data for rid, data in before.items())  # finished runs untouched
     assert not list((out / "runs").glob(".*"))  # no temporary files
+
+
+# ---------------------------------------------------------------------------------------------
+# The index and compaction.
+
+
+def test_the_driver_writes_the_index_and_a_compacted_folder_resumes_under_ray(
+    ray_cluster, tmp_path
+):
+    """The driver writes each record's index row as it writes the record (the index holds every
+    run before any reader refreshes it, and equals the one rebuilt from the files); a rerun
+    under Ray reads it and computes nothing; after compaction a new cell is all it computes."""
+    exp = write_experiment(tmp_path)
+    out, log = tmp_path / "res", tmp_path / "attempts.log"
+    counts = sweep.run_experiment(exp, out, executor="ray", compute=logged(log), progress=False)
+    assert counts["done"] == 8
+    written = index.Index(out, store.config_id, store.code_version, store.NUMERICS_VERSION)
+    assert {row[0] for row in written.rows()} == run_ids(exp)  # no refresh: the driver's rows
+    written.close()
+    live = store.Store(out).index().dump()
+    for f in out.glob(f"{index.INDEX_FILE}*"):
+        f.unlink()
+    assert store.Store(out).index().dump() == live
+    log.unlink()
+    counts = sweep.run_experiment(exp, out, executor="ray", compute=logged(log), progress=False)
+    assert (counts["done"], counts["skipped"]) == (0, 8) and not log.exists()
+    before = store.load(out).runs
+    assert compact.compact(out) == {"runs": 8, "part": 1}
+    more = write_experiment(
+        tmp_path, SEEDED + 'add("e", recipe="fp32", lr=5e-3, seeds=[(8, 8, 8)])'
+    )
+    counts = sweep.run_experiment(more, out, executor="ray", compute=logged(log), progress=False)
+    assert (counts["done"], counts["skipped"]) == (1, 8) and attempts(log) == {"8": 1}
+    after = store.load(out)
+    assert set(after.runs["run_id"]) == run_ids(more) == set(after.metrics["run_id"])
+    same = after.runs[after.runs["run_id"].isin(before["run_id"])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(same.drop(columns="wall_s"), before.drop(columns="wall_s"))

@@ -1,13 +1,14 @@
 """One stored run reproduced bit for bit outside the sweep, through the same batched path."""
 
 import json
+import shutil
 import textwrap
 
 import numpy as np
 import pytest
 
 from fp4lab import sweep
-from fp4lab.sweep import records, store
+from fp4lab.sweep import compact, records, store
 
 EXPERIMENT = """
 from fp4lab.train.config import Config
@@ -74,3 +75,29 @@ def test_an_output_the_record_predates_is_not_compared_but_a_missing_one_is(tmp_
     f.write_text(records.seal(body)[1])
     with pytest.raises(sweep.ReproductionError, match="no_such_output"):
         sweep.reproduce(out, rid)
+
+
+def test_a_run_whose_metrics_thinning_dropped_is_regenerated_bit_for_bit(tmp_path):
+    """A folder compacted with `keep_metrics` (as results/randomness_vs_error*) keeps every
+    record but the per-step metrics of some runs only; `reproduce` on a dropped run gives its
+    series and telemetry as the unthinned folder holds them, every bit."""
+    path = tmp_path / "exp.py"
+    path.write_text(textwrap.dedent(EXPERIMENT))
+    full, thinned = tmp_path / "full", tmp_path / "thinned"
+    sweep.run_experiment(sweep.load_experiment(path), full, progress=False)
+    shutil.copytree(full, thinned, ignore=shutil.ignore_patterns("index.sqlite*"))
+    compact.compact(thinned, keep_metrics=lambda record: record["seeds"]["init"] == 0)
+    kept = store.load(thinned, metrics="loss").metrics  # eval_loss: every run's, its summary's
+    dropped = [rid for rid in store.load(thinned).runs["run_id"] if rid not in set(kept["run_id"])]
+    assert len(dropped) == 2 and kept["run_id"].nunique() == 1
+    for rid in dropped:
+        assert "series" not in store.Store(thinned).read(rid)  # nothing of it left to compare
+        fresh = sweep.reproduce(thinned, rid)  # checks the summary the record keeps
+        stored = store.Store(full).read(rid)
+        for name, values in stored["series"].items():
+            assert np.array_equal(np.asarray(values, np.float32), fresh["series"][name])
+        tel, fresh_tel = stored["telemetry"], fresh["telemetry"]
+        assert list(tel["steps"]) == list(fresh_tel["steps"]) and tel["metrics"]
+        for name, values in tel["metrics"].items():
+            new = np.asarray(fresh_tel["metrics"][name], np.float64).ravel()
+            assert np.array_equal(np.asarray(values), new, equal_nan=True), name
