@@ -22,19 +22,19 @@ def ls(args) -> int:
     for folder in folders:
         st = store.Store(folder)  # what follows reads its index only (`fp4lab.sweep.index`)
         manifest = st.experiment() or {}
-        frame = st.frame(["run_id", "cell", "status", "config_key"])
-        status = dict(zip(frame["run_id"].tolist(), frame["status"].tolist(), strict=True))
+        made = st.made()
+        status = {rid: m[2] for rid, m in made.items()}
         print(f"{folder}  ({manifest.get('name', folder.name)})")
-        listed = manifest.get("cells") and checked(manifest, store.made(frame))
+        listed = manifest.get("cells") and checked(manifest, made)
         current = {rid for c in listed or () for rid in c["run_ids"]} or status  # as store.load
         if current is status:  # no manifest, or one that pools no run: the records' labels
-            labelled = store.label_runs(frame, {})
+            labelled = store.label_runs(st.frame(["run_id", "cell", "config_key"]), {})
             pairs = zip(labelled["run_id"].tolist(), labelled["label"].tolist(), strict=True)
             listed = cells_of(pairs)
         for cell in listed:
-            made = [status.get(r) for r in cell["run_ids"]]
-            ok, failed = made.count("ok"), made.count("failed")
-            missing = len(made) - ok - failed
+            states = [status.get(r) for r in cell["run_ids"]]
+            ok, failed = states.count("ok"), states.count("failed")
+            missing = len(states) - ok - failed
             print(f"  {cell.get('label', '?'):40s} ok {ok}  failed {failed}  missing {missing}")
         stale = len(status.keys() - current)
         if stale:

@@ -20,31 +20,30 @@ from typing import Any
 __all__ = ["checked"]
 
 
-def checked(
-    manifest: dict[str, Any] | None, made: Mapping[str, tuple[str | None, str]]
-) -> list[dict[str, Any]]:
+def checked(manifest: dict[str, Any] | None, made: Mapping[str, tuple]) -> list[dict[str, Any]]:
     """The manifest's cells, [{"label", "run_ids"}] in its order, each with the run ids its label
     pools: those without a record (missing) and those whose record agrees with the label (see
     the module docstring). Warns once per cell that lists runs it does not pool.
 
     Args:
       manifest: the folder's experiment.json (None: no cells).
-      made: {run id: (the cell its record names, the id of its config)} of the folder's runs
-        (any of them; those the manifest lists are checked), as `Store.made` gives them.
+      made: {run id: (the cell its record names, the id of its config, ...)} of the folder's
+        runs (any of them; those the manifest lists are checked), as `Store.made` gives them.
     """
     cells = [
         (c.get("label", "?"), list(dict.fromkeys(c["run_ids"])))
         for c in (manifest or {}).get("cells", [])
     ]
     listed = {rid for _, ids in cells for rid in ids}
-    by_id = {rid: v for rid, v in made.items() if rid in listed}  # in `made`'s order (ties)
+    by_id = {rid: v[:2] for rid, v in made.items() if rid in listed}  # in `made`'s order (ties)
     made_as: dict[str | None, Counter] = {}  # recorded label -> the config ids of the listed runs
     for (cell, key), n in Counter(by_id.values()).items():
         made_as.setdefault(cell, Counter())[key] += n
     out, taken = [], set()
     for label, ids in cells:
-        own = Counter(by_id[rid][1] for rid in ids if rid in by_id and by_id[rid][0] == label)
-        votes = own or made_as.get(label) or Counter(by_id[rid][1] for rid in ids if rid in by_id)
+        found = [v for v in map(by_id.get, ids) if v is not None]
+        own = Counter(key for cell, key in found if cell == label)
+        votes = own or made_as.get(label) or Counter(key for _, key in found)
         config = votes.most_common(1)[0][0] if votes else None
         keep, other, twice = [], [], []
         for rid in ids:

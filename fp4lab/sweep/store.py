@@ -87,7 +87,6 @@ __all__ = [
     "data_hashes",
     "label_runs",
     "load",
-    "made",
     "package_versions",
     "provenance",
     "run_id",
@@ -354,6 +353,18 @@ class Store:
         self._config_cache = self.index().configs() | self._config_cache
         return self._config_cache
 
+    def made(self, frame: pd.DataFrame | None = None) -> dict[str, tuple[str, str, str]]:
+        """{run id: (the cell its record names, its config id, its status)} of every run, from
+        one query of the index or from the folder's `frame` when read: what
+        `fp4lab.sweep.cells.checked` and `fp4lab ls` read."""
+        columns = ["run_id", "cell", "config_key", "status"]
+        if frame is None:
+            rows = self.index().rows(columns=", ".join(columns))
+        else:
+            rows = zip(*(frame[c].tolist() for c in columns), strict=True)
+        ids = {key: cid for key, (_, _, cid) in self.configs().items()}
+        return {rid: (cell, ids[key], status) for rid, cell, key, status in rows}
+
     def current_ids(
         self, manifest: dict[str, Any] | None = None, frame: pd.DataFrame | None = None
     ) -> dict[str, str]:
@@ -362,14 +373,8 @@ class Store:
         manifest = self.experiment() if manifest is None else manifest
         if not manifest:
             return {}
-        pooled = checked(manifest, made(self.frame() if frame is None else frame))
+        pooled = checked(manifest, self.made(frame))
         return {r: c["label"] for c in pooled for r in c["run_ids"]}
-
-
-def made(frame: pd.DataFrame) -> dict[str, tuple[str, str]]:
-    """{run id: (the cell its record names, its config id)} of a `Store.frame`."""
-    pairs = zip(frame["cell"].tolist(), frame["config_id"].tolist(), strict=True)
-    return dict(zip(frame["run_id"].tolist(), pairs, strict=True))
 
 
 # ---------------------------------------------------------------------------------------------
