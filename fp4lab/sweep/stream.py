@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fp4lab.sweep import store as results_store
 from fp4lab.sweep.experiment import Cell
 
 __all__ = ["STREAM_FIELDS", "STREAM_FILE", "Stream"]
@@ -24,14 +23,13 @@ STREAM_FIELDS = ("time", "run_id", "cell", "step", "loss", "grad_norm", "loss_sc
 class Stream:
     """The per-step lines of `stream.jsonl`: appended and flushed as the steps arrive."""
 
-    def __init__(self, path: Path, work: list[tuple[Cell, list]]):
+    def __init__(self, path: Path, work: list[tuple[Cell, list, list[str]]]):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "a")  # noqa: SIM115 (open for the sweep's duration)
         self.lock = threading.Lock()
         self.ids = []
-        for cell, seeds in work:
-            cfg = cell.config.to_dict()
-            ids = {tuple(int(v) for v in s): results_store.run_id(cfg, s, cell.data) for s in seeds}
+        for cell, seeds, run_ids in work:  # the run ids the runner computed, once
+            ids = {tuple(int(v) for v in s): rid for s, rid in zip(seeds, run_ids, strict=True)}
             self.ids.append((cell.label, ids))
 
     def write(self, index: int, event: dict[str, Any]) -> None:
