@@ -35,6 +35,57 @@ goal's ratio is reported as not decided by the rounds, not as met.
 With several depths or both block layouts, each (depth, layout) gets its own table, with ratios
 to the fp32 step of the same depth and layout, all measured in the one process (the qwix row
 runs on unrolled blocks only).
+
+`--model user`: a user's own unscanned model instead of the LM (`UserModel`: 4 residual blocks
+of an RMSNorm and 3 nnx.Linear layers, d 256, h 1024, 2048 tokens as 16 x 128, MSE loss, adam),
+fp32 beside quantize_model(model, [Rule(".*", "nvfp4")]) (all 12 GEMMs NVFP4, simulated), and
+the same blocks stacked under nnx.scan for comparison. Each first call (trace, compile, one
+step) starts from empty caches, in rounds of every row; then the steps run in interleaved
+rounds. Goals, on per-round ratios: nvfp4 first call <= 2.5x fp32's, step <= 1.3x. `--split`
+adds each row's trace, lower and compile seconds and the optimized program's size.
+
+    python benchmarks/step.py --model user --first-rounds 6 --reps 15 --split
+
+Measured (2 shared CPUs, load average 4.8 at the start, 5.5 at the end; jax 0.10.2):
+
+    row            median ms/step   median first call s   compile s (CPU s)   HLO instr.  fusions
+    fp32                1157               1.65               1.11 (0.70)          2,504      202
+    nvfp4               1625               8.31               9.52 (6.39)         45,365    1,005
+    fp32 scanned        1454               2.51               1.78 (1.21)          1,259      105
+    nvfp4 scanned       2176               7.37               8.17 (4.54)         12,768      345
+
+    first call 5.16x [4.10, 6.68] fp32's (6 rounds): NOT met
+    step 1.39x [1.26, 1.47] (15 rounds): not decided;  scanned: first call 3.10x, step 1.51x
+
+Where the nvfp4 first call goes (XLA's timers, TF_CPP_VMODULE=cpu_compiler=1,
+hlo_pass_pipeline=1,ir_compiler=1, one compile each at load about 5):
+- Not tracing (0.9 s, fp32 0.13 s): Fprop and the backward are jitted per (recipe, shapes)
+  (`fp4lab.ops.scaffold`) and the quantizer per (spec, shape), so the 12 GEMMs trace Fprop 3
+  times, the backward 3 times and 15 operand quantizers (11 distinct), as a scanned model
+  does, and the lowered program holds each once (107 functions, 433 calls).
+- XLA inlines every call before it optimizes, so its HLO passes see 12 copies: 45,365
+  instructions against 12,768 scanned. The passes took 4.6 s (fusion 1.95, copy insertion
+  0.88, call inliner 0.81, layout assignment 0.74, simplification 0.69, algebraic simplifier
+  0.45, flatten call graph 0.40), 1.3 s scanned, 0.04 s for fp32.
+- Code generation, 5.3 to 8.3 s, about the same scanned (7.7 s): XLA's CPU backend compiles
+  one kernel per distinct fusion (the 1,005 fusions are about 125 kernels). An NVFP4 quantizer
+  is 11 fusions (2 over the block amaxes, 4 scalars of the tensor scale, 4 per-block scale
+  kernels, the element pass), specialized to its shape: 3 GEMM shapes x 5 operands.
+So scanning removes the copies' pass time, not the quantizers' kernels: the scanned copy of
+this model is 3.1x fp32's first call too. For 2.5x, nvfp4's compile would have to fit in about
+2.5 s, less than the scanned program's 4.5 CPU s.
+
+Tried and not kept (measured on the same model):
+- The scaffold's Fprop and backward as calls XLA does not inline (frontend attribute
+  inlineable="false"): XLA's call-graph flattening clones the callee at every call site, so
+  the program stays as large (47,398 instructions) and compiles as long (8.5 against 8.7 s);
+  results changed in their last bits and the step slowed (1.47x against 1.33x fp32's). With
+  the CPU backend's flatten-after-fusion option (set in XLA_FLAGS for the whole process, not
+  per program) the passes took 1.7 s instead of 4.6 s, code generation 7.6 s as before.
+- jnp.where without its nested jit (282 of the lowered program's 433 calls): 146 calls, the
+  same compile CPU seconds (6.3, 7.0, 6.0 against 6.7, 7.2, 6.3), the same bits.
+What would move the first call: fewer kernels per quantizer (its scale chain in fewer
+fusions) in `fp4lab.core`; sharing in `fp4lab.ops` does not reach XLA.
 """
 
 from __future__ import annotations
@@ -48,9 +99,11 @@ import time
 import warnings
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 from timing import goal_verdict, interleaved, round_ratios  # benchmarks/timing.py
+from user_model import compile_split, user_rows  # benchmarks/user_model.py
 
 from fp4lab.models.transformer import Transformer, TransformerConfig
 from fp4lab.nnx import telemetry
@@ -59,6 +112,8 @@ from fp4lab.nnx.rules import Rule, quantize_model
 GOAL_NVFP4 = 1.5  # nvfp4 step at most this many times the fp32 step
 GOAL_TELEMETRY = 1.2  # telemetry at most this many times the same step without it
 GOAL_SHADOW = 2.2  # telemetry + the shadow at most this many times the step without them
+GOAL_USER_FIRST = 2.5  # a user's unscanned model: nvfp4 first call at most this times fp32's
+GOAL_USER_STEP = 1.3  # ... and its nvfp4 step at most this many times the fp32 step
 
 RECIPES = ("bf16", "nvfp4", "nvfp4-rl", "mxfp4-h16")
 TELEMETRY = "nvfp4 +telemetry"
@@ -155,6 +210,87 @@ def measure(rows: dict, tokens, reps: int, warmup: int) -> tuple[dict, dict, dic
     return first, median, {name: 1e3 * min(ts) for name, ts in times.items()}, times
 
 
+def measure_user(builders: dict, batch, rounds: int, reps: int, warmup: int):
+    """(first-call seconds per round, median ms, fastest ms, seconds of each step round) per row.
+
+    A first call (trace, compile, one step) is measured `rounds` times per row from empty
+    caches (jax.clear_caches before each), in rounds of every row, reversed every other round;
+    the steps are then timed in `interleaved` rounds as in `measure`."""
+    first = {name: [] for name in builders}
+    rows = {}
+    for r in range(rounds):
+        for name in builders if r % 2 == 0 else reversed(builders):
+            jax.clear_caches()
+            step, model, opt = rows[name] = builders[name]()
+            t0 = time.perf_counter()
+            jax.block_until_ready(step(model, opt, *batch))
+            first[name].append(time.perf_counter() - t0)
+            print(f"  round {r + 1}: {name} first call {first[name][-1]:.1f} s", flush=True)
+    for step, model, opt in rows.values():  # compiles again where a later clear dropped it
+        for _ in range(warmup + 1):
+            jax.block_until_ready(step(model, opt, *batch))
+    calls = {
+        name: functools.partial(step, model, opt, *batch)
+        for name, (step, model, opt) in rows.items()
+    }
+    times = interleaved(calls, reps)
+    median = {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+    return first, median, {name: 1e3 * min(ts) for name, ts in times.items()}, times
+
+
+def report_user(first: dict, ms: dict, best: dict, times: dict) -> None:
+    """The user-style model's table and its goals (nvfp4 against fp32, unscanned), with the
+    scanned layout's ratios beside them; first-call and step ratios paired by round."""
+    print()
+    cols = ["row", "median ms/step", "fastest ms/step", "median first call s"]
+    print("| " + " | ".join(cols) + " |")
+    print("|---|---:|---:|---:|")
+    for name, t in ms.items():
+        print(f"| {name} | {t:.1f} | {best[name]:.1f} | {statistics.median(first[name]):.2f} |")
+    print()
+    for layout in ("", " scanned"):
+        q, base = f"nvfp4{layout}", f"fp32{layout}"
+        fr = round_ratios(first[q], first[base])
+        sr = round_ratios(times[q], times[base])
+        tag = "unscanned" if not layout else "scanned"
+        if layout:
+            print(
+                f"{tag} (for comparison): first call {statistics.median(fr):.2f}x fp32's, "
+                f"step {statistics.median(sr):.2f}x"
+            )
+            continue
+        print(f"goal: {tag} nvfp4 first call <= {GOAL_USER_FIRST}x fp32's")
+        print(f"  {statistics.median(fr):.2f}x -> {goal_verdict(fr, GOAL_USER_FIRST)}")
+        print(f"goal: {tag} nvfp4 step <= {GOAL_USER_STEP}x fp32's")
+        print(f"  {statistics.median(sr):.2f}x -> {goal_verdict(sr, GOAL_USER_STEP)}")
+
+
+def main_user(args) -> None:
+    """The user-style model: 4 blocks (2 quick), d 256 (64), h 1024 (256), 2048 tokens (256)."""
+    d, h, depth, batch, seq = (64, 256, 2, 4, 64) if args.quick else (256, 1024, 4, 16, 128)
+    if args.blocks is not None:
+        depth = int(args.blocks)
+    kx, ky = jax.random.split(jax.random.key(1))
+    xy = tuple(jax.random.normal(k, (batch, seq, d), jnp.float32) for k in (kx, ky))
+    load0 = os.getloadavg()
+    first, ms, best, times = measure_user(
+        user_rows(d, h, depth), xy, args.first_rounds, args.reps, args.warmup
+    )
+    load1 = os.getloadavg()
+    dev = jax.devices()[0]
+    print()
+    print(
+        f"user-style model: {depth} residual blocks of 3 Linear layers (d={d}, h={h}), "
+        f"{batch * seq} tokens, MSE + adam; nvfp4 = quantize_model(model, [Rule('.*', 'nvfp4')]); "
+        f"{dev.platform} ({dev.device_kind}), {os.cpu_count()} CPUs, jax {jax.__version__}; "
+        f"first calls over {args.first_rounds} rounds, median of {args.reps} steps"
+    )
+    report_user(first, ms, best, times)
+    if args.split:
+        compile_split(user_rows(d, h, depth), xy)
+    print(f"\nload average before: {load0[0]:.2f}; at the end: {load1[0]:.2f}, {load1[1]:.2f}")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=10, help="timed steps per row")
@@ -167,12 +303,35 @@ def main(argv=None) -> None:
         default="no",
         help="blocks unrolled (no), under nnx.scan (yes) or both",
     )
+    p.add_argument(
+        "--model",
+        choices=("lm", "user"),
+        default="lm",
+        help="the Llama-style LM (lm) or a user-style model of Linear blocks, unscanned and "
+        "scanned (user; --rows and --scan apply to lm only)",
+    )
+    p.add_argument(
+        "--first-rounds",
+        type=int,
+        default=3,
+        help="--model user: first calls per row, each from empty caches",
+    )
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="--model user: also trace, lower and compile each row apart (seconds, HLO size)",
+    )
     rows = ", ".join(ROWS)
     p.add_argument(
         "--rows",
         help=f"comma-separated rows to time besides fp32 (default all: {rows})",
     )
     args = p.parse_args(argv)
+    if args.model == "user":
+        if args.blocks is not None and not args.blocks.isdigit():
+            p.error("--model user takes one depth in --blocks")
+        main_user(args)
+        return
     wanted = ROWS if args.rows is None else [r.strip() for r in args.rows.split(",")]
     unknown = sorted(set(wanted) - set(ROWS))
     if unknown:
