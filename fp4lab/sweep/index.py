@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -208,10 +208,10 @@ class Index:
         rows.sort(key=lambda row: row[0])
         return [row[:-1] for row in rows]
 
-    def configs(self) -> dict[str, tuple[dict, dict, str]]:
-        """{config key: (config, data hashes, config id)}."""
+    def configs(self, known: Container[str] = ()) -> dict[str, tuple[dict, dict, str]]:
+        """{config key: (config, data hashes, config id)}, but for the `known` keys."""
         rows = self.db.execute("SELECT config_key, config, data, config_id FROM configs")
-        return {k: (json.loads(c), json.loads(d), i) for k, c, d, i in rows}
+        return {k: (json.loads(c), json.loads(d), i) for k, c, d, i in rows if k not in known}
 
     def provenances(self) -> dict[str, Any]:
         return {k: json.loads(p) for k, p in self.db.execute("SELECT * FROM provenance")}

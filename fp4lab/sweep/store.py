@@ -113,6 +113,10 @@ INERT: dict[str, Callable[[dict[str, Any]], bool]] = {
 _DATA_FIELDS = {"text": "text_path"}
 # `Store.frame`'s columns, and config_id: the index's but the code version and precedence
 FRAME_COLUMNS = [c for c in map(str.strip, COLUMNS.split(",")) if c not in ("code", "rank")]
+# what `load` with a filter (cells, seeds) reads of every run to label, check and filter them;
+# the rest of the `FRAME_COLUMNS` only for the runs chosen (`Store.detailed`)
+LABEL_COLUMNS = ["run_id", "experiment", "cell", "status", "config_key", *SEED_COLUMNS]
+_FEW = 900  # at most this many runs read by id (SQLite's limit of bound values is 999 or more)
 _NUMBERS = dict.fromkeys(SEED_COLUMNS + ("numerics", "has_file"), "int64") | {
     "wall_s": "float64"
 }  # task -> the config field naming its data file
@@ -331,12 +335,15 @@ class Store:
             out.append(record)
         return out
 
-    def frame(self, columns: Sequence[str] = FRAME_COLUMNS) -> pd.DataFrame:
-        """Every run as the index holds it, one row per run id in id order, from one query: the
-        index's `columns` (`fp4lab.sweep.index.COLUMNS`, run_id first: the summary as JSON
-        text, the config and provenance by key, which `configs` and `Index.provenances`
-        resolve), and config_id where config_key is among them."""
-        rows = self.index().rows(columns=", ".join(columns))
+    def frame(
+        self, columns: Sequence[str] = FRAME_COLUMNS, run_ids: Sequence[str] | None = None
+    ) -> pd.DataFrame:
+        """Every run (or those of `run_ids`) as the index holds it, one row per run id in id
+        order, from one query: the index's `columns` (`fp4lab.sweep.index.COLUMNS`, run_id
+        first: the summary as JSON text, the config and provenance by key, which `configs` and
+        `Index.provenances` resolve), and config_id where config_key is among them."""
+        where = "" if run_ids is None else f"run_id IN ({', '.join('?' * len(run_ids))})"
+        rows = self.index().rows(where, tuple(run_ids or ()), columns=", ".join(columns))
         values = zip(*rows, strict=True) if rows else [()] * len(columns)
         by_column = zip(columns, values, strict=True)
         frame = pd.DataFrame(  # text as object: converting it to pandas' str costs more here
@@ -347,10 +354,22 @@ class Store:
             frame["config_id"] = frame["config_key"].map(ids)
         return frame
 
+    def detailed(self, chosen: pd.DataFrame) -> pd.DataFrame:
+        """`chosen` (rows of a `frame`, e.g. of the `LABEL_COLUMNS`) with the rest of the
+        `FRAME_COLUMNS`: a few runs read by id, many in one scan of the index."""
+        rest = [c for c in FRAME_COLUMNS if c not in chosen.columns]
+        if not rest:
+            return chosen
+        few = len(chosen) <= _FEW
+        more = self.frame(["run_id", *rest], chosen["run_id"].tolist() if few else None)
+        at = pd.Index(more["run_id"]).get_indexer(chosen["run_id"])
+        taken = {c: pd.Series(more[c].to_numpy()[at], chosen.index, more[c].dtype) for c in rest}
+        return chosen.assign(**taken)
+
     def configs(self) -> dict[str, tuple[dict, dict, str]]:
         """{config key: (config, data hashes, config id)} of the index: one dict per config for
         this Store's life, new ones added as the index grows."""
-        self._config_cache = self.index().configs() | self._config_cache
+        self._config_cache |= self.index().configs(self._config_cache)
         return self._config_cache
 
     def made(self, frame: pd.DataFrame | None = None) -> dict[str, tuple[str, str, str]]:
@@ -446,10 +465,10 @@ def load(
         raise StoreError(f"{p} is a file; load a results folder (the one holding runs/)")
     store = Store(p)
     manifest = store.experiment()
-    frame = store.frame()
+    frame = store.frame(FRAME_COLUMNS if cells is None and seeds is None else LABEL_COLUMNS)
     current = store.current_ids(manifest, frame)
     n_stale = len(frame) - len(current.keys() & set(frame["run_id"].tolist())) if current else 0
-    chosen = frames.filtered(label_runs(frame, current, stale), cells, seeds)
+    chosen = store.detailed(frames.filtered(label_runs(frame, current, stale), cells, seeds))
     name = manifest["name"] if manifest and not stale and current else None
     configs, summaries = store.configs(), frames.summaries(chosen)
     runs, fields = frames.runs_frame(
