@@ -34,7 +34,7 @@ from fp4lab.train.config import Config
 from fp4lab.train.tasks import eval_batch, make_task
 from fp4lab.train.trainer import make_keys
 
-__all__ = ["Diagnosis", "diagnose"]
+__all__ = ["Diagnosis", "diagnose", "sets_table"]
 
 
 @dataclasses.dataclass
@@ -70,13 +70,17 @@ class Diagnosis:
 
     def write(self, out: str | Path) -> list[Path]:
         """ranking.csv, samples.csv, agreement.csv, rules.py, sensitivity.png, summary.txt
-        (and verify.csv, versus.csv after stage 2) in the folder `out`."""
+        (and after stage 2 sets.csv: the GEMMs each cell kept, verify.csv, versus.csv) in the
+        folder `out`."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         paths = {name: out / name for name in ("ranking.csv", "samples.csv", "agreement.csv")}
         self.table.to_csv(paths["ranking.csv"], index=False)
         self.samples.to_csv(paths["samples.csv"], index=False)
         self.agreement.to_csv(paths["agreement.csv"])
+        if self.sets:
+            paths["sets.csv"] = out / "sets.csv"
+            sets_table(self.sets).to_csv(paths["sets.csv"], index=False)
         if self.gap is not None:
             paths["verify.csv"] = out / "verify.csv"
             self.gap.to_csv(paths["verify.csv"], index=False)
@@ -89,6 +93,12 @@ class Diagnosis:
         paths["summary.txt"] = out / "summary.txt"
         paths["summary.txt"].write_text(self.summary + "\n")
         return list(paths.values())
+
+
+def sets_table(sets: dict) -> pd.DataFrame:
+    """{cell: [(layer, gemm)]} as rows (cell, layer, gemm)."""
+    rows = [(cell, layer, gemm) for cell, kept in sets.items() for layer, gemm in kept]
+    return pd.DataFrame(rows, columns=["cell", "layer", "gemm"])
 
 
 def _config(model, loss, batch, experiment, config, task_options) -> Config:

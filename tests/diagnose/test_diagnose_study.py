@@ -180,3 +180,7 @@ def test_verify_trains_the_sets_and_reports_the_gap_they_close(tmp_path):
     assert set(d.versus["against"]) == {"random-k", "last-blocks"}
     assert "beats random-k" in d.summary
     assert (tmp_path / "out" / "verify.csv").is_file()
+    kept = pd.read_csv(tmp_path / "out" / "sets.csv")
+    assert set(kept["cell"]) == {"top-k", "random-k", "last-blocks"}
+    top = kept[kept["cell"] == "top-k"]
+    assert list(zip(top["layer"], top["gemm"], strict=True)) == d.chosen
