@@ -56,6 +56,8 @@ Measured (2 shared CPUs, load average 4.8 at the start, 5.5 at the end; jax 0.10
 
     first call 5.16x [4.10, 6.68] fp32's (6 rounds): NOT met
     step 1.39x [1.26, 1.47] (15 rounds): not decided;  scanned: first call 3.10x, step 1.51x
+    a second run (load 5.0 -> 5.6): first call 5.40x [3.83, 5.72], step 1.39x [1.24, 1.42];
+    scanned 3.44x and 1.67x
 
 Where the nvfp4 first call goes (XLA's timers, TF_CPP_VMODULE=cpu_compiler=1,
 hlo_pass_pipeline=1,ir_compiler=1, one compile each at load about 5):
