@@ -5,8 +5,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-"$PY" -m ruff format --check fp4lab tests benchmarks experiments notebooks || exit 1
-"$PY" -m ruff check fp4lab tests benchmarks experiments notebooks || exit 1
+"$PY" -m ruff format --check fp4lab tests benchmarks experiments notebooks results setup.py || exit 1
+"$PY" -m ruff check . || exit 1  # everything: the package, tests, notebooks, results, setup.py
 "$(dirname "$PY")/lint-imports" --no-cache || exit 1
 "$PY" -m pytest -n 2 --dist loadfile "$@"
 rc=$?

@@ -108,28 +108,50 @@ def rules(chosen, recipe, hp="bf16") -> list[tuple[str, object]]:
     return [*out, (".*", recipe)]
 
 
+_KEPT = """def kept(base, hp, *gemms):  # recipe `base` with these GEMMs in `hp`
+    name = base + "".join(f"+{g}={hp}" for g in gemms)
+    return fl.recipes.override(fl.recipes.get(base), dict.fromkeys(gemms, hp)).replace(name=name)
+
+
+"""
+
+
 def rules_source(rule_list) -> str:
-    """`rules`' list as Python text that evaluates to it (`import fp4lab as fl` first)."""
+    """`rules`' list as Python text that evaluates to it (`import fp4lab as fl` first): one rule
+    a line, a layer kept in part written as `kept(base, hp, *gemms)` (defined in the text)."""
     lines = ["rules = ["]
     for path, recipe in rule_list:
-        lines.append(f"    fl.Rule({path!r}, {_recipe_source(recipe)}),")
+        lines.append(f"    fl.Rule({_pattern_source(path)}, {_recipe_source(recipe)}),")
     lines.append("]")
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    return (_KEPT + text) if "kept(" in text else text
+
+
+def _pattern_source(path: str) -> str:
+    """A layer pattern as a raw string literal where one can hold it, else its repr."""
+    if '"' not in path and "\n" not in path and not path.endswith("\\"):
+        return f'r"{path}"'
+    return repr(path)
+
+
+def _string(text: str) -> str:
+    """A name as a double-quoted literal (the house style), or its repr where it needs escapes."""
+    return f'"{text}"' if text.isprintable() and not set(text) & {'"', "\\"} else repr(text)
 
 
 def _recipe_source(recipe) -> str:
-    if recipe is None or isinstance(recipe, str):
-        return repr(recipe)
+    if recipe is None:
+        return "None"
+    if isinstance(recipe, str):
+        return _string(recipe)
     if not isinstance(recipe, GemmRecipe):
         raise TypeError(f"rules_source: a recipe is a name, a GemmRecipe or None, not {recipe!r}")
     base, _, changes = recipe.name.partition("+")
     parts = dict(c.split("=", 1) for c in changes.split("+")) if changes else {}
     hp = set(parts.values())
     if base in recipes.names() and len(hp) == 1 and hp <= set(recipes.names()):
-        expected = recipes.override(recipes.get(base), dict.fromkeys(parts, hp.pop()))
+        value = hp.pop()
+        expected = recipes.override(recipes.get(base), dict.fromkeys(parts, value))
         if expected == recipe:
-            return (
-                f"fl.recipes.override(fl.recipes.get({base!r}), {parts!r})"
-                f".replace(name={recipe.name!r})"
-            )
+            return f"kept({', '.join(map(_string, (base, value, *parts)))})"
     return f"fl.GemmRecipe.from_dict({recipe.to_dict()!r})"

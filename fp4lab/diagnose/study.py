@@ -59,7 +59,8 @@ class Diagnosis:
 
     @property
     def rules_source(self) -> str:
-        return "import fp4lab as fl\n\n" + choose.rules_source(self.rules) + "\n"
+        body = choose.rules_source(self.rules)
+        return "import fp4lab as fl\n\n" + ("\n" if body.startswith("def") else "") + body + "\n"
 
     def figure(self):
         return sensitivity_heatmap(self.table, self.score, self.chosen)

@@ -1,14 +1,20 @@
 import fp4lab as fl
 
+
+def kept(base, hp, *gemms):  # recipe `base` with these GEMMs in `hp`
+    name = base + "".join(f"+{g}={hp}" for g in gemms)
+    return fl.recipes.override(fl.recipes.get(base), dict.fromkeys(gemms, hp)).replace(name=name)
+
+
 rules = [
-    fl.Rule('blocks\\.0\\.attn\\.out', fl.recipes.override(fl.recipes.get('nvfp4'), {'fprop': 'bf16', 'dgrad': 'bf16'}).replace(name='nvfp4+fprop=bf16+dgrad=bf16')),
-    fl.Rule('blocks\\.0\\.attn\\.query', fl.recipes.override(fl.recipes.get('nvfp4'), {'fprop': 'bf16'}).replace(name='nvfp4+fprop=bf16')),
-    fl.Rule('head', fl.recipes.override(fl.recipes.get('nvfp4'), {'fprop': 'bf16', 'dgrad': 'bf16'}).replace(name='nvfp4+fprop=bf16+dgrad=bf16')),
-    fl.Rule('blocks\\.0\\.up', fl.recipes.override(fl.recipes.get('nvfp4'), {'fprop': 'bf16'}).replace(name='nvfp4+fprop=bf16')),
-    fl.Rule('blocks\\.0\\.attn\\.value', fl.recipes.override(fl.recipes.get('nvfp4'), {'fprop': 'bf16'}).replace(name='nvfp4+fprop=bf16')),
-    fl.Rule('blocks\\.0\\.attn\\.key', fl.recipes.override(fl.recipes.get('nvfp4'), {'fprop': 'bf16'}).replace(name='nvfp4+fprop=bf16')),
-    fl.Rule('blocks\\.1\\.attn\\.out', fl.recipes.override(fl.recipes.get('nvfp4'), {'fprop': 'bf16'}).replace(name='nvfp4+fprop=bf16')),
-    fl.Rule('blocks\\.1\\.attn\\.value', fl.recipes.override(fl.recipes.get('nvfp4'), {'fprop': 'bf16'}).replace(name='nvfp4+fprop=bf16')),
-    fl.Rule('blocks\\.2\\.attn\\.query', fl.recipes.override(fl.recipes.get('nvfp4'), {'fprop': 'bf16'}).replace(name='nvfp4+fprop=bf16')),
-    fl.Rule('.*', 'nvfp4'),
+    fl.Rule(r"blocks\.0\.attn\.out", kept("nvfp4", "bf16", "fprop", "dgrad")),
+    fl.Rule(r"blocks\.0\.attn\.query", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"head", kept("nvfp4", "bf16", "fprop", "dgrad")),
+    fl.Rule(r"blocks\.0\.up", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"blocks\.0\.attn\.value", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"blocks\.0\.attn\.key", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"blocks\.1\.attn\.out", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"blocks\.1\.attn\.value", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"blocks\.2\.attn\.query", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r".*", "nvfp4"),
 ]
