@@ -3,7 +3,7 @@
 One cell of the quickstart's kind (the LM, d_model 64, 2 blocks under a scan, NVFP4, telemetry
 every 25 steps; `--steps` steps, 2 seeds) through the sweep's own `compute_cell`, three ways:
 
-  run       the cell called again, compiled already: the host callback's own cost per run
+  run       the cell called again, compiled already: the reports' own cost per run
   compile   a first call in a process without caches: compile + run
   rerun     a first call in a new process whose caches on disk hold the cell, each program
             traced once before (what a rerun, an added seed or a worker process pays; timed
