@@ -2,8 +2,9 @@
 
 With a compiler at install, a later process loads the installed library and runs no compiler
 (checked with no compiler on its PATH and an empty kernel cache). Without one, the install still
-succeeds (a wheel built with no compiler on the PATH, used in place of the checkout) and a sweep
-runs with the reference statistics, said once.
+succeeds (a wheel built with no compiler on the PATH, used in place of the checkout) and the
+quickstart (its four cells at one seed and a few steps, telemetry on) runs with the reference
+statistics, said once.
 """
 
 import json
@@ -11,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 import zipfile
 from pathlib import Path
 
@@ -21,18 +21,6 @@ from fp4lab.core import cpu_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's commands; no compiler among them
-
-EXPERIMENT = """
-from fp4lab.train.config import Config
-
-def get_config():
-    return Config(task="teacher", din=32, dout=32, teacher_hidden=(32,), hidden=(32,),
-                  batch_size=32, steps=4, eval_batches=1, seed_batch=1, recipe="nvfp4",
-                  telemetry_every=2)
-
-def sweep(add):
-    add("nvfp4", seeds=1)
-"""
 
 PROBE = """
 import json, warnings
@@ -108,15 +96,16 @@ def test_an_install_without_a_compiler_succeeds_and_runs_with_the_reference_stat
     got = _probe(env, tmp_path)
     assert Path(got["package"]).is_relative_to(site)  # the wheel's package, not the checkout
     assert not got["available"] and "no C++ compiler found" in got["error"]
-    (tmp_path / "exp.py").write_text(textwrap.dedent(EXPERIMENT))
+    quickstart = ROOT / "experiments" / "quickstart.py"
+    argv = ["run", str(quickstart), "--seeds", "1", "--steps", "3", "--out", "r", "--quiet"]
     run = subprocess.run(
-        [sys.executable, "-m", "fp4lab.cli", "run", "exp.py", "--out", "r", "--quiet"],
+        [sys.executable, "-m", "fp4lab.cli", *argv, "--no-figures", "--no-compile-cache"],
         env=env,
         cwd=tmp_path,
         capture_output=True,
         text=True,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "1 runs done" in run.stdout
+    assert "4 runs done" in run.stdout, run.stdout
     said = [line for line in run.stderr.splitlines() if "no C++ compiler found" in line]
     assert len(said) == 1, run.stderr  # the reference statistics, said once

@@ -1,7 +1,9 @@
 """Experiment files, the store, the CLI, and a sweep killed mid-run that resumes."""
 
+import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -13,6 +15,7 @@ from fakes import kill_after_records  # tests/fakes.py
 
 from fp4lab import cli, sweep
 from fp4lab.sweep import store
+from fp4lab.sweep.index import INDEX_FILE
 from fp4lab.sweep.lock import LOCK_FILE
 
 BASE = """
@@ -214,9 +217,14 @@ def test_no_pickle_in_results(tmp_path):
     lock = tmp_path / "res" / LOCK_FILE  # the writer lock: one plain line naming its process
     assert lock.read_text().startswith("process ")
     files.remove(lock)
+    # the index: an SQLite database (its WAL files while open), rebuilt from the run files
+    index = [f for f in files if f.name.startswith(INDEX_FILE)]
+    with contextlib.closing(sqlite3.connect(tmp_path / "res" / INDEX_FILE)) as db:
+        assert db.execute("select count(*) from sqlite_master").fetchone()[0] > 0
+    files = [f for f in files if f not in index]
     assert len(list((tmp_path / "res" / "runs").glob("*.json"))) == exp.n_runs  # all written
     assert {f.suffix for f in files} == {".json", ".parquet"}
-    for f in files:  # everything is JSON, or a run's metrics as Parquet
+    for f in files:  # everything else is JSON, or a run's metrics as Parquet
         if f.suffix == ".parquet":
             data = f.read_bytes()
             assert data[:4] == data[-4:] == b"PAR1"
