@@ -116,10 +116,20 @@ def _supported(kind: str, device: Device) -> bool:
     return device.platform == "gpu" and cc is not None and cc >= _MIN_CC[kind]
 
 
+def _where(device: Device) -> str:
+    """The device in words: "cpu", "gpu NVIDIA H100 (cc=9.0)"."""
+    name = (
+        device.platform
+        if device.name in ("", device.platform)
+        else f"{device.platform} {device.name}"
+    )
+    cc = device.compute_capability
+    return name if cc is None else f"{name} (cc={cc})"
+
+
 def _unsupported(kind: str, device: Device) -> str:
     return (
-        f"{kind} needs a GPU with compute capability >= {_MIN_CC[kind]}, this is "
-        f"{device.platform} {device.name} (cc={device.compute_capability})"
+        f"{kind} needs a GPU with compute capability >= {_MIN_CC[kind]}, this is {_where(device)}"
     )
 
 
@@ -196,8 +206,7 @@ def gemm_backends(
         elif kind is None:
             choices.append(Choice(gemm, "simulated", None, why))
         elif _supported(kind, device):
-            where = f"{device.platform} {device.name} (cc={device.compute_capability})"
-            choices.append(Choice(gemm, "native", kind, f"{kind} on {where}"))
+            choices.append(Choice(gemm, "native", kind, f"{kind} on {_where(device)}"))
         elif backend == "native":
             raise RuntimeError(
                 f"backend='native': {gemm}: {_unsupported(kind, device)}; "
