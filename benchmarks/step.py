@@ -58,6 +58,9 @@ Measured (2 shared CPUs, load average 4.8 at the start, 5.5 at the end; jax 0.10
     step 1.39x [1.26, 1.47] (15 rounds): not decided;  scanned: first call 3.10x, step 1.51x
     a second run (load 5.0 -> 5.6): first call 5.40x [3.83, 5.72], step 1.39x [1.24, 1.42];
     scanned 3.44x and 1.67x
+    on an idle machine (load 0.7; without --split): fp32 310 ms/step and 0.86 s first call,
+    nvfp4 428 ms and 5.46 s: first call 6.41x [5.16, 6.84], step 1.39x [1.32, 1.43], both NOT
+    met; scanned 3.78x and 1.54x
 
 Where the nvfp4 first call goes (XLA's timers, TF_CPP_VMODULE=cpu_compiler=1,
 hlo_pass_pipeline=1,ir_compiler=1, one compile each at load about 5):
