@@ -19,11 +19,12 @@ GEMMs contract over d_model 64 and d_ff 128 (2 and 4 blocks), the paper's over t
 
 The target is the training loss smoothed over 20 steps reaching 0.045 nats above the floor.
 It was set from a pilot run of the FP8 cell (4 seeds: smoothed gaps 0.048, 0.041, 0.043, 0.032
-at step 300 of 600), so FP8 reaches it about half-way through its run, as the issue asks; the
-pilot was the only look at any cell before the target was fixed. The paper's target is
-perplexity on held-out data; this one is the training loss (tokens to target reads the
-training series: the held-out loss is computed at the end only), which is under each cell's
-own quantized forward: the measure itself is in MXFP4 for every rung above FP8.
+at step 300 of 600), so FP8 reaches it about half-way through its run and every rung can reach
+it within its 600 steps; the pilot was the only look at any cell before the target was fixed.
+The paper's target is perplexity on held-out data; this one is the training loss (tokens to
+target reads the training series: the held-out loss is computed at the end only), which is
+under each cell's own quantized forward: the measure itself is in MXFP4 for every rung above
+FP8.
 
 What it cannot show: the paper's magnitudes (an 8B model's GEMMs contract over thousands of
 elements); outliers in the residual stream (the built-in LM has none and no knob for them:
