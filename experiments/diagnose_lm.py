@@ -19,14 +19,14 @@ head and block 3's attention out, value and key (`sets.csv`):
                 First: block 0's attention out, query, value, key and up Fprop, the head's Fprop
                 and Dgrad; mean score Fprop 0.0078, Dgrad 0.0028, Wgrad 0.0005; by block
                 0.132, 0.039, 0.039, 0.027 (block 3 last), head 0.042. Share of the NVFP4-to-
-                BF16 gap on eval_hp closed (paired bootstrap over 4 seeds): top-k 67 % [54, 83]
-                at 9.5 % of the FLOPs, random-k 18 % [-7, 50] at 9.5 %, last-blocks 38 % [18,
-                59] at 8.2 %. top-k - random-k eval_hp -0.0067 [-0.0116, -0.0017] ("lower");
-                top-k - last-blocks -0.0040 [-0.0117, +0.0037] ("no evidence").
+                BF16 gap on eval_hp closed (Fieller's interval over 4 paired seeds): top-k 67 %
+                [42, 103] at 9.5 % of the FLOPs, random-k 18 % [-64, 77] at 9.5 %, last-blocks
+                38 % [-8, 73] at 8.2 %. top-k - random-k eval_hp -0.0067 [-0.0116, -0.0017]
+                ("lower"); top-k - last-blocks -0.0040 [-0.0117, +0.0037] ("no evidence").
   4 outliers    stage 1 164 s alone (184 s inside the verify run); stage 1 + verify 554 s.
                 First: block 0's up Fprop, the head's Dgrad and Fprop, block 0's attention out
-                Fprop; Fprop 0.0028, Dgrad 0.0014, Wgrad 0.0004. Gap closed: top-k 76 % [62,
-                96], random-k -18 % [-52, 1], last-blocks 60 % [47, 79]. top-k - random-k
+                Fprop; Fprop 0.0028, Dgrad 0.0014, Wgrad 0.0004. Gap closed: top-k 76 % [46,
+                132], random-k -18 % [-138, 12], last-blocks 60 % [34, 112]. top-k - random-k
                 -0.0079 [-0.0101, -0.0058] ("lower"); top-k - last-blocks -0.0014 [-0.0024,
                 -0.0004] ("lower").
 

@@ -24,6 +24,7 @@ __all__ = [
     "percentile_interval",
     "bootstrap_ci",
     "ratio_ci",
+    "fieller_interval",
 ]
 
 Stat = Callable[..., Any]  # a numpy reduction, called as stat(array, axis=-1)
@@ -215,3 +216,32 @@ def ratio_ci(
         ib = rng.integers(0, b.size, size=(n_boot, b.size))
         boots = ratio(a[ia], b[ib])
     return Interval(estimate, *percentile_interval(boots, level))
+
+
+def fieller_interval(num, den, level: float = 0.95) -> tuple[float, float]:
+    """Fieller's interval (Fieller 1954) of mean(num) / mean(den) from paired values.
+
+    The set of ratios r with (mean(num) - r mean(den))^2 <= t^2 Var(mean(num) - r mean(den)),
+    t the Student quantile on n - 1 degrees of freedom and the variance from the pairs' sample
+    covariance: exact when the pairs are bivariate normal, whatever their correlation. With
+    few pairs a percentile bootstrap of the ratio is far too narrow (about 20 % misses at a
+    nominal 95 % with 4 pairs; tests/analysis/test_fieller.py). Where mean(den) is not clearly
+    away from 0 the set is unbounded: (-inf, inf) is returned. NaN below 3 pairs.
+    """
+    num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
+    n = num.size
+    if n != den.size:
+        raise ValueError(f"fieller_interval: {n} numerators, {den.size} denominators")
+    if n < 3:
+        return NAN, NAN
+    mn, md = num.mean(), den.mean()
+    cov = np.cov(np.vstack([num, den]), ddof=1) / n
+    t2 = scipy_stats.t.ppf((1 + level) / 2, n - 1) ** 2
+    a = md * md - t2 * cov[1, 1]
+    b = -2 * (mn * md - t2 * cov[0, 1])
+    c = mn * mn - t2 * cov[0, 0]
+    disc = b * b - 4 * a * c
+    if a <= 0 or disc < 0:  # the denominator's mean is within its own interval of 0
+        return -np.inf, np.inf
+    root = np.sqrt(disc)
+    return float((-b - root) / (2 * a)), float((-b + root) / (2 * a))
