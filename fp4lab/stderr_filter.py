@@ -30,12 +30,12 @@ Python's own `sys.stderr` writes go through the same pipe, so lines keep their o
 the block runs `sys.stderr` is a stream that writes to fd 2 but answers `isatty()` for the
 original stderr, so a terminal stays a terminal (live progress displays, colours).
 
-The filter runs in a process of its own (`serve`, started with this interpreter, about 30 ms),
-so a crash of this one (a segfault, an XLA check failure that aborts, kill -9) loses nothing
-written before it: the filter reads the pipe to its end and exits (tested with an abort).
-Python's faulthandler, if enabled, is pointed at the original stderr while the block runs.
-This module imports nothing else from fp4lab (standard library only) and does nothing on a
-system without `select` on pipes (Windows).
+The filter runs in a process of its own (`serve`, started with this interpreter: a block that
+writes nothing costs about 40 ms), so a crash of this one (a segfault, an XLA check failure that
+aborts, kill -9) loses nothing written before it: the filter reads the pipe to its end and
+exits (tested with an abort). Python's faulthandler, if enabled, is pointed at the original
+stderr while the block runs. This module imports nothing else from fp4lab (standard library
+only) and does nothing on a system without `select` on pipes (Windows).
 """
 
 from __future__ import annotations
@@ -425,7 +425,7 @@ def filter_stderr() -> Iterator[None]:
                 faulthandler.enable(file=python_stderr)
         os.dup2(original, 2)
         try:
-            os.write(write, b"\0" + sentinel.encode() + b"\0")  # after all written before
+            os.write(write, _framed(sentinel))  # after everything written before
         finally:
             os.close(write)
         # the filter answers once it has passed everything before the sentinel on (or exits)
@@ -447,8 +447,13 @@ _SERVE = (
 )
 
 
+def _framed(sentinel: str) -> bytes:
+    """The sentinel as it travels through the pipe: NUL-framed, so no text line matches it."""
+    return b"\0" + sentinel.encode() + b"\0"
+
+
 def serve(out: int, ack: int, sentinel: str) -> None:
     """The filter process: stdin (the pipe) filtered to `out` until the pipe's end; a byte on
     `ack` once the sentinel has come and everything before it is passed on."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _Pump(0, out, ack, b"\0" + sentinel.encode() + b"\0").run()
+    _Pump(0, out, ack, _framed(sentinel)).run()
