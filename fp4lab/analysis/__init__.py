@@ -5,6 +5,8 @@ intervals   Wilson, t and BCa intervals
 crossed     crossed seed streams as random effects: mean squares, generalized intervals,
             each stream's own variance and its exact F-test
 montecarlo  the Monte Carlo error of interval ends drawn at random, and the words read off them
+association within_correlation: does one per-run quantity predict another, within cells,
+            seeds resampled
 components  variance components of the seed streams per cell (variance_components)
 verdicts    the verdict table: precision choices against each seed stream's own spread
 tables      per-cell tables: divergence rate, loss gap, paired differences, tokens to target
@@ -15,6 +17,7 @@ report      the HTML report of a results folder (`fp4lab.analysis.report`)
 export      a results folder as TensorBoard event files (`fp4lab.analysis.export`)
 """
 
+from fp4lab.analysis.association import Correlation, within_correlation
 from fp4lab.analysis.components import variance_components
 from fp4lab.analysis.factors import design_factors, seed_factors, variance_decomposition
 from fp4lab.analysis.frames import (
@@ -52,6 +55,7 @@ from fp4lab.analysis.verdicts import verdict
 
 __all__ = [
     "BASELINE_RECIPES",
+    "Correlation",
     "IDENTITY",
     "Interval",
     "SEEDS",
@@ -82,4 +86,5 @@ __all__ = [
     "variance_decomposition",
     "verdict",
     "wilson_interval",
+    "within_correlation",
 ]

@@ -1,0 +1,108 @@
+"""Does one per-run quantity predict another? A correlation over crossed seeds, within cells.
+
+A sweep's runs share seeds across cells (seed i of the init stream is the same draw in every
+cell) and, inside a cell, across runs (crossed init x data x quant seeds). So its runs are not
+independent pairs (x, y), and a textbook interval for a correlation over them is too narrow.
+
+    within_correlation(runs, x, y)
+
+takes each run's x and y, subtracts each cell's mean from both (what is left is what the seeds
+did: the cell's own effect is gone, so a cell that is worse on both counts cannot make the
+correlation by itself) and correlates the residuals pooled over cells. The interval resamples
+the seeds, not the runs: Owen's pigeonhole bootstrap (Owen 2007, Ann. Appl. Stat. 1:246) draws
+the levels of each stream independently with replacement (streams whose seeds always move
+together, as in seed triples (i, i, i), count as one), the same draw in every cell, and
+weighs each run by the product of its levels' counts; the standard error of Fisher's z of the
+weighted correlation over those draws, times a t quantile on min(levels) - 1 degrees of
+freedom, gives the interval on the z scale (as `crossed.mean_interval` does for an unbalanced
+mean). The pigeonhole variance is conservative for crossed designs (Owen 2007); with 5 levels
+per stream the t quantile keeps the interval from being too narrow. Coverage is checked by
+simulation in tests/analysis/test_association.py.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from fp4lab.analysis.crossed import MIN_LEVELS, layout
+from fp4lab.analysis.frames import ok_runs
+from fp4lab.schema import STREAMS
+
+__all__ = ["Correlation", "within_correlation"]
+
+BOOTSTRAPS = 4000
+NAN = float("nan")
+
+
+class Correlation(NamedTuple):
+    """A within-cell correlation, its interval and how the interval was made (or why not)."""
+
+    r: float
+    lo: float
+    hi: float
+    n: int  # runs used
+    method: str
+
+
+def _weighted_r(w: np.ndarray, x: np.ndarray, y: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """Correlation of x and y after subtracting each cell's weighted mean; w: (draws, runs)."""
+    xr, yr = np.zeros_like(w), np.zeros_like(w)
+    for c in np.unique(cells):
+        m = cells == c
+        wc = w[:, m]
+        tot = wc.sum(1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            xr[:, m] = x[m] - (wc * x[m]).sum(1, keepdims=True) / tot
+            yr[:, m] = y[m] - (wc * y[m]).sum(1, keepdims=True) / tot
+    xr, yr = np.nan_to_num(xr) * (w > 0), np.nan_to_num(yr) * (w > 0)
+    sxy, sxx, syy = (w * xr * yr).sum(1), (w * xr * xr).sum(1), (w * yr * yr).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sxy / np.sqrt(sxx * syy)
+
+
+def within_correlation(
+    runs: pd.DataFrame,
+    x: str,
+    y: str,
+    *,
+    streams: tuple[str, ...] = STREAMS,
+    level: float = 0.95,
+    draws: int = BOOTSTRAPS,
+    seed: int = 0,
+) -> Correlation:
+    """The correlation of columns x and y over runs, within cells, seeds resampled (module doc).
+
+    Args:
+      runs: a runs table (cell, seed_<stream> columns; rows with status "ok" and finite x, y
+        are used). x, y: the columns. streams: the seed streams. level: the interval's
+        coverage. draws: pigeonhole resamples. seed: their seed.
+    Returns:
+      Correlation(r, lo, hi, n, method): method "pigeonhole z" or why there is no interval
+      (a stream that varies with fewer than 3 levels, or no varying stream).
+    """
+    rows = ok_runs(runs)
+    vals = rows[[x, y]].astype(np.float64).to_numpy()
+    rows = rows[np.isfinite(vals).all(1)]
+    xs, ys = rows[x].to_numpy(np.float64), rows[y].to_numpy(np.float64)
+    cells = pd.factorize(rows["cell"])[0]
+    r = float(_weighted_r(np.ones((1, len(rows))), xs, ys, cells)[0]) if len(rows) else NAN
+    lay = layout(rows, streams)  # streams that always move together are one factor
+    if not lay.factors:
+        return Correlation(r, NAN, NAN, len(rows), "no varying seed stream")
+    codes, levels = lay.codes, lay.levels
+    if min(levels) < MIN_LEVELS:
+        return Correlation(r, NAN, NAN, len(rows), f"too few seeds ({min(levels)} level(s))")
+    rng = np.random.default_rng(seed)
+    w = np.ones((draws, len(rows)))
+    for code, n in zip(codes, levels, strict=True):
+        w *= rng.multinomial(n, np.full(n, 1 / n), size=draws)[:, code]
+    boots = np.arctanh(np.clip(_weighted_r(w, xs, ys, cells), -1 + 1e-12, 1 - 1e-12))
+    half = scipy_stats.t.ppf(0.5 + level / 2, min(levels) - 1) * np.nanstd(boots, ddof=1)
+    z = np.arctanh(np.clip(r, -1 + 1e-12, 1 - 1e-12))
+    return Correlation(
+        r, float(np.tanh(z - half)), float(np.tanh(z + half)), len(rows), "pigeonhole z"
+    )
