@@ -8,8 +8,10 @@
     BACKENDS       how the GEMMs run: simulated (the reference), native, auto
     STATS          per-operand quantization statistics, in the order of the telemetry vectors;
                    FWD_OPERANDS / BWD_OPERANDS the (gemm, operand) rows of the forward and backward
-                   tables; GRAD_STATS the per-parameter shadow statistics; ACC_STATS the
-                   accumulated-drift statistics of an op's output (fwd) and its cotangent (bwd)
+                   tables; GRAD_STATS the per-parameter shadow statistics, GRAD_NOISE_STATS
+                   those of the draws of the quantization noise (`Config.noise_keys`, optional);
+                   ACC_STATS the accumulated-drift statistics of an op's output (fwd) and its
+                   cotangent (bwd)
     SQRT3          the gradient-to-noise threshold of Chmiel et al. 2025 (arXiv 2505.19115)
     RECORDED_BEFORE  config fields added after run records were first stored, with the value
                    every record made before the field existed was computed with
@@ -48,6 +50,7 @@ __all__ = [
     "FWD_OPERANDS",
     "BWD_OPERANDS",
     "GRAD_STATS",
+    "GRAD_NOISE_STATS",
     "ACC_STATS",
     "ACC_OPERANDS",
     "SQRT3",
@@ -91,6 +94,9 @@ STATS = ("rel_err", "bias", "flush", "saturated", "underflow", "map4")
 FWD_OPERANDS = (("fprop", "x"), ("fprop", "w"))
 BWD_OPERANDS = (("dgrad", "dy"), ("dgrad", "w"), ("wgrad", "x"), ("wgrad", "dy"))
 GRAD_STATS = ("cos", "rel_norm", "gnr", "below_sqrt3")
+# with K >= 2 draws of the quantization keys (`Config.noise_keys`; only then): the zero-mean
+# part's norm, the bias's norm and ||g|| / noise_zm (`fp4lab.nnx.noise`); also grad/<layer>/<stat>
+GRAD_NOISE_STATS = ("noise_zm", "noise_bias", "gnr_zm")
 # accumulated drift against the high-precision shadow: fwd of the op's output y, bwd of the
 # cotangent dy arriving at it; "local" is the error the op alone adds when fed the shadow's input
 ACC_STATS = {"fwd": ("rel_drift", "local"), "bwd": ("rel_drift", "cos")}
@@ -106,6 +112,7 @@ RECORDED_BEFORE: dict[str, Any] = {
     "telemetry_stats": "reference",
     "task_file": "",
     "task_args": [],
+    "noise_keys": 0,
 }
 
 

@@ -4,4 +4,5 @@ state       the Variable types a quantized op keeps (keys, amax histories, probe
 op          the quantized op modules put at flax's seams
 rules       Rule, quantize_model, describe, unquantize
 telemetry   collect, value_and_grad, exact_grads, shadow_metrics, set_enabled
+noise       more draws of the quantization keys: the gradient noise's zero-mean part and bias
 """

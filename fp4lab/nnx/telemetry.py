@@ -12,6 +12,16 @@ same parameters and batch: cosine, relative norm ||g_q|| / ||g||, and the gradie
 ratio ||g|| / ||g_q - g|| (Chmiel et al. 2025, arXiv 2505.19115: training stalls below sqrt(3)).
 The ratio is +inf when g_q == g exactly (the documented sentinel for "no noise"). A parameter of
 layers stacked under nnx.scan is measured per layer, under the unscanned model's names.
+With `noise_keys=K` (K >= 2) the shadow also splits the noise g_q - g into its zero-mean part
+and its bias, from K more draws of the quantization keys at the same parameters and batch
+(`fp4lab.nnx.noise`; gbar the mean of the draws g^(1..K)):
+
+    grad/<layer>/noise_zm     sqrt( sum_k ||g^(k) - gbar||^2 / (K - 1) )
+    grad/<layer>/noise_bias   sqrt( max(||gbar - g||^2 - noise_zm^2 / K, 0) )
+    grad/<layer>/gnr_zm       ||g|| / noise_zm   (+inf where noise_zm == 0)
+
+The draws are K more quantized backward passes, on copies: the model, its keys and its
+gradients are the same as without them.
 
 Accumulated drift (`value_and_grad(..., shadow=True)`): where the statistics above measure the
 error each GEMM adds to its own inputs, the drift measures what has accumulated by the time a
@@ -52,6 +62,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4lab.core.stats import cosine, operand_stats, relative_drift
+from fp4lab.nnx import noise
 from fp4lab.nnx.op import QuantizedOp, measuring, record_calls
 from fp4lab.nnx.rules import unquantize
 from fp4lab.nnx.state import DriftCapture, DriftTap, GradProbe, OpStats
@@ -86,6 +97,7 @@ __all__ = [
     "exact_grads",
     "shadow_metrics",
     "stacked_layers",
+    "layer_arrays",
 ]
 
 
@@ -204,7 +216,9 @@ def _step_depths(model, calls) -> dict[str, jax.Array]:
     return {k: jnp.float32(d) for k, d in _DEPTHS.get(key, found).items()}
 
 
-def value_and_grad(loss_fn, *, has_aux: bool = False, shadow: bool = False, when=None):
+def value_and_grad(
+    loss_fn, *, has_aux: bool = False, shadow: bool = False, when=None, noise_keys: int = 0
+):
     """Like nnx.value_and_grad(loss_fn) on the model (first argument), with telemetry.
 
     Returns a function (model, *args) -> (value, param_grads, metrics): the Param gradients
@@ -219,13 +233,19 @@ def value_and_grad(loss_fn, *, has_aux: bool = False, shadow: bool = False, when
     elsewhere, with the same keys (`metric_keys`), so one compiled step serves the steps with
     statistics and those without. Not with `shadow`, whose second, high-precision pass is not
     switched off.
+
+    `noise_keys` (with `shadow`): 0, or K >= 2 draws of the quantization keys whose spread
+    gives grad/<layer>/{noise_zm, noise_bias, gnr_zm} (module docstring; `fp4lab.nnx.noise`).
     """
     if shadow and when is not None:
         raise ValueError("telemetry.value_and_grad: `when` does not apply with shadow=True")
+    noise.check_keys(noise_keys, "telemetry.value_and_grad: noise_keys")
+    if noise_keys and not shadow:
+        raise ValueError("telemetry.value_and_grad: noise_keys needs shadow=True")
 
     def wrapped(model, *args, **kwargs):
         if shadow:
-            return _with_shadow(loss_fn, has_aux, model, args, kwargs)
+            return _with_shadow(loss_fn, has_aux, model, args, kwargs, noise_keys)
         diff = nnx.DiffState(0, nnx.Any(nnx.Param, GradProbe))
         with record_calls() as calls, measuring(when):
             value, grads = nnx.value_and_grad(loss_fn, argnums=diff, has_aux=has_aux)(
@@ -237,9 +257,13 @@ def value_and_grad(loss_fn, *, has_aux: bool = False, shadow: bool = False, when
     return wrapped
 
 
-def _with_shadow(loss_fn, has_aux, model, args, kwargs):
+def _with_shadow(loss_fn, has_aux, model, args, kwargs, noise_keys=0):
     """value_and_grad with the shadow: the step runs on a copy of `model` that keeps outputs and
-    taps cotangents, and the copy's state (less those) is written back into `model`."""
+    taps cotangents, and the copy's state (less those) is written back into `model`; with
+    `noise_keys`, the noise draws run on copies of `model` as it is before the step."""
+    draws = None
+    if noise_keys:
+        draws = noise.draw_gradients(loss_fn, model, args, kwargs, keys=noise_keys, has_aux=has_aux)
     shapes = _output_shapes(loss_fn, model, args, kwargs)
     quantized = _attach(nnx.clone(model), shapes)
     reference = nnx.clone(quantized)  # before the step: the same keys and amax histories
@@ -260,7 +284,7 @@ def _with_shadow(loss_fn, has_aux, model, args, kwargs):
     exact = nnx.grad(loss_fn, argnums=diff, has_aux=has_aux)(reference, *args, **kwargs)
     exact, ref_taps = nnx.split_state(exact[0] if has_aux else exact, nnx.Param, DriftTap)
     nnx.update(reference, ref_taps)
-    metrics |= shadow_metrics(param_grads, exact, stacked_layers(quantized))
+    metrics |= shadow_metrics(param_grads, exact, stacked_layers(quantized), draws)
     return value, param_grads, metrics | _drift_metrics(quantized, reference)
 
 
@@ -365,8 +389,9 @@ def stacked_layers(model) -> dict[tuple[str, ...], int]:
     return roots
 
 
-def shadow_metrics(grads_q, grads_exact, stacked=None) -> dict[str, jax.Array]:
-    """Per parameter: cosine, relative norm and gradient-to-noise ratio of g_q against g.
+def shadow_metrics(grads_q, grads_exact, stacked=None, draws=None) -> dict[str, jax.Array]:
+    """Per parameter: cosine, relative norm and gradient-to-noise ratio of g_q against g; with
+    `draws` (`fp4lab.nnx.noise.draw_gradients`), also noise_zm, noise_bias and gnr_zm.
 
     `stacked` ({module path: number of layers}, `stacked_layers(model)`): a parameter under
     one of these paths whose leading axis has that length is measured per layer, under each
@@ -374,21 +399,32 @@ def shadow_metrics(grads_q, grads_exact, stacked=None) -> dict[str, jax.Array]:
     statistic over the stack.
     """
     metrics = {}
+    exact, quant = layer_arrays(grads_exact, stacked), layer_arrays(grads_q, stacked)
+    trees = () if draws is None else (draws.first, draws.shift_sum, draws.shift_sq)
+    parts = [layer_arrays(t, stacked) for t in trees]
+    for layer, g in exact.items():
+        metrics |= _grad_stats(layer, g, quant[layer])
+        if draws is not None:
+            metrics |= noise.noise_stats(layer, g, *(p[layer] for p in parts), draws.keys)
+    return metrics
+
+
+def layer_arrays(tree, stacked=None) -> dict[str, jax.Array]:
+    """{layer name: array} of a Param-state tree (e.g. gradients), in its flat order: a
+    parameter stacked under a path of `stacked` (`stacked_layers`) whose leading axis has its
+    length is split per layer ("blocks.2.mlp.up.kernel"); any other keeps its dotted path."""
+    out = {}
     stacked = stacked or {}
-    flat_q = dict(nnx.to_flat_state(grads_q))
-    for path, g in nnx.to_flat_state(grads_exact):
-        gq = flat_q[path]
-        g = g[...] if hasattr(g, "get_value") else g
-        gq = gq[...] if hasattr(gq, "get_value") else gq
+    for path, v in nnx.to_flat_state(tree):
+        v = v[...] if hasattr(v, "get_value") else v
         names = tuple(str(p) for p in path)
         root = next((r for r in stacked if names[: len(r)] == r), None)
-        if root is not None and g.ndim and g.shape[0] == stacked[root]:
-            for i in range(g.shape[0]):
-                layer = ".".join((*root, str(i), *names[len(root) :]))
-                metrics |= _grad_stats(layer, g[i], gq[i])
+        if root is not None and v.ndim and v.shape[0] == stacked[root]:
+            for i in range(v.shape[0]):
+                out[".".join((*root, str(i), *names[len(root) :]))] = v[i]
         else:
-            metrics |= _grad_stats(".".join(names), g, gq)
-    return metrics
+            out[".".join(names)] = v
+    return out
 
 
 def _grad_stats(layer: str, g, gq) -> dict[str, jax.Array]:

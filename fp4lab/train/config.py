@@ -96,6 +96,7 @@ _NUMBERS: dict[str, dict[str, Any]] = {
     "loss_scale": _POSITIVE,
     "growth_interval": _INT_1,
     "telemetry_every": _INT_0,
+    "noise_keys": _INT_0,
     "eval_batches": _INT_0,
     "spike_factor": {"low": 1, "low_open": True},
     "spike_window": _INT_1,
@@ -165,6 +166,12 @@ class Config:
     # measurement
     telemetry_every: int = 0  # operand statistics every k steps (0: off)
     shadow: bool = False  # with telemetry: also the high-precision shadow (grad/, acc/ metrics)
+    # with the shadow: 0 (off) or K >= 2 more draws of the quantization keys at each logged step
+    # (K more quantized backward passes there), whose spread splits the gradient's noise into
+    # grad/<layer>/noise_zm = sqrt(sum_k ||g^(k) - gbar||^2 / (K - 1)) (the zero-mean part),
+    # noise_bias = sqrt(max(||gbar - g||^2 - noise_zm^2 / K, 0)) and gnr_zm = ||g|| / noise_zm
+    # (fp4lab.nnx.noise; the norms in the loss's units, the loss scale divided out)
+    noise_keys: int = 0
     # how the operand statistics are computed (fp4lab.core.stats): "fused" (one pass, float64
     # sums) or "reference" (the jnp formulas: what runs recorded before "fused" existed)
     telemetry_stats: str = "fused"
@@ -219,6 +226,16 @@ class Config:
             raise ConfigError(f"Config.outlier_channels={self.outlier_channels} > din={self.din}")
         if self.shadow and not self.telemetry_every:
             raise ConfigError("Config.shadow=True needs telemetry_every >= 1")
+        if self.noise_keys == 1:
+            raise ConfigError(
+                "Config.noise_keys=1; allowed: 0 (off) or an int >= 2 (the spread of the draws "
+                "needs two)"
+            )
+        if self.noise_keys and not self.shadow:
+            raise ConfigError(
+                f"Config.noise_keys={self.noise_keys} needs shadow=True (and telemetry_every >= "
+                "1): the draws are compared with the shadow's exact gradient"
+            )
         if self.target_loss is not None and self.target_gap is not None:
             raise ConfigError("Config.target_loss and Config.target_gap: set at most one")
         object.__setattr__(self, "recipe", _recipe("recipe", self.recipe))

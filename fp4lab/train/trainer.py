@@ -18,12 +18,13 @@ and a step that does not measure runs none of their work; its GEMMs get the oper
 without telemetry, so the losses are bit-identical to one (tested). With the shadow
 (`Config.shadow`), whose second, high-precision pass is not switched off per step, the measured
 step is a body of its own and the steps between are plain ones; telemetry every step measures
-inline, without the lax.cond. Loss scaling multiplies the loss before differentiation and
-divides the gradients after; the dynamic rule halves the scale and skips the update on a
-non-finite gradient and doubles it after `growth_interval` finite steps. Divergence (the first
-non-finite loss, or a loss above `spike_factor` times the first loss or times the median of the
-last `spike_window` losses: `fp4lab.train.divergence`) is recorded, not raised; with
-`stop_on_divergence` the run freezes there and later losses read NaN.
+inline, without the lax.cond; `Config.noise_keys` adds its K quantized backward passes
+(`fp4lab.nnx.noise`) to the measured step only. Loss scaling multiplies the loss before
+differentiation and divides the gradients after; the dynamic rule halves the scale and skips the
+update on a non-finite gradient and doubles it after `growth_interval` finite steps. Divergence
+(the first non-finite loss, or a loss above `spike_factor` times the first loss or times the
+median of the last `spike_window` losses: `fp4lab.train.divergence`) is recorded, not raised;
+with `stop_on_divergence` the run freezes there and later losses read NaN.
 
 `train(keys)` returns arrays: loss, grad_norm and loss_scale per step; eval_loss (held-out,
 under the last phase's recipe, at the end) and eval_hp (the same weights and batches under a
@@ -51,7 +52,7 @@ from flax import nnx
 
 from fp4lab.core import recipes
 from fp4lab.core.spec import QuantSpec
-from fp4lab.nnx import telemetry
+from fp4lab.nnx import noise, telemetry
 from fp4lab.nnx.rules import Rule, quantize_model
 from fp4lab.schema import SEED_LIMIT, STREAMS
 from fp4lab.train import divergence, loss_scaling
@@ -142,8 +143,10 @@ class Carry(NamedTuple):
 def _gradients(cfg: Config, task: Task, model, batch, scale, measure):
     """(loss, Param gradients of loss * scale, telemetry metrics); metrics are empty when
     `measure` is False, and hold the shadow's statistics too (shadow gradients and accumulated
-    drift, `fp4lab.nnx.telemetry`) with `cfg.shadow`. `measure`: False, True, or a traced flag
-    (measure where it holds, zero metrics elsewhere; `telemetry.value_and_grad`'s `when`)."""
+    drift, `fp4lab.nnx.telemetry`) with `cfg.shadow`, and with `cfg.noise_keys` those of the
+    noise draws (`fp4lab.nnx.noise`; its norms divided by the loss scale). `measure`: False,
+    True, or a traced flag (measure where it holds, zero metrics elsewhere;
+    `telemetry.value_and_grad`'s `when`)."""
 
     def scaled_loss(model, batch, scale):
         loss = task.loss(model, batch)
@@ -154,8 +157,12 @@ def _gradients(cfg: Config, task: Task, model, batch, scale, measure):
         (_, loss), grads = grad_fn(model, batch, scale)
         return loss, grads, {}
     when = None if measure is True else measure
-    grad_fn = telemetry.value_and_grad(scaled_loss, has_aux=True, shadow=cfg.shadow, when=when)
+    grad_fn = telemetry.value_and_grad(
+        scaled_loss, has_aux=True, shadow=cfg.shadow, when=when, noise_keys=cfg.noise_keys
+    )
     (_, loss), grads, metrics = grad_fn(model, batch, scale)
+    if cfg.noise_keys and cfg.loss_scaling != "none":
+        metrics = noise.unscale(metrics, scale)
     return loss, grads, metrics
 
 
