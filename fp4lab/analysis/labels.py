@@ -37,6 +37,9 @@ _GRAD = {
     "rel_norm": ("gradient norm relative to the exact one", ""),  # ||g_q|| / ||g||
     "gnr": ("gradient-to-noise ratio", ""),  # ||g|| / ||g_q - g||
     "below_sqrt3": ("gradient-to-noise ratio below √3", "fraction"),
+    "noise_zm": ("zero-mean part of the gradient noise", ""),  # spread over quant keys
+    "noise_bias": ("bias of the gradient noise", ""),  # ||mean over keys - g||, corrected
+    "gnr_zm": ("gradient-to-noise ratio, zero-mean noise", ""),  # ||g|| / noise_zm
 }
 _ACC = {
     "rel_drift": ("accumulated drift against the high-precision shadow", ""),  # relative

@@ -4,7 +4,7 @@ import pytest
 
 from fp4lab import analysis
 from fp4lab.analysis.labels import cell_label, stat_label
-from fp4lab.schema import ACC_STATS, GRAD_STATS, STATS
+from fp4lab.schema import ACC_STATS, GRAD_NOISE_STATS, GRAD_STATS, STATS
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_every_statistic_of_the_schema_has_a_readable_name():
     assert stat_label("cos") == "cosine to the exact gradient"
     assert stat_label("cos", kind="acc") == "cosine to the high-precision shadow"
     assert stat_label("not_a_stat") == "not_a_stat"
-    kinds = [("quant", s) for s in STATS] + [("grad", s) for s in GRAD_STATS]
+    kinds = [("quant", s) for s in STATS] + [("grad", s) for s in GRAD_STATS + GRAD_NOISE_STATS]
     kinds += [("acc", s) for stats in ACC_STATS.values() for s in stats]
     names = {(kind, s): stat_label(s, kind=kind) for kind, s in kinds}
     assert all(name != s and "_" not in name for (_, s), name in names.items()), names

@@ -12,7 +12,7 @@ from matplotlib import colors as mcolors
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from fp4lab.schema import ACC_STATS, GRAD_STATS, STATS
+from fp4lab.schema import ACC_STATS, GRAD_NOISE_STATS, GRAD_STATS, STATS
 
 SIGNED = ("bias",)  # drawn with a diverging map centred at 0
 LOG_STATS = ("rel_err", "rel_drift", "local")  # errors: a log colour scale when they span decades
@@ -66,7 +66,7 @@ def telemetry_kind(stat: str, kind: str | None) -> str:
     """Which telemetry a statistic comes from: "quant", "grad" or "acc" ("cos" is both a
     shadow-gradient and a drift statistic: the gradient's unless kind="acc")."""
     drift = {s for stats in ACC_STATS.values() for s in stats}
-    known = {"quant": set(STATS), "grad": set(GRAD_STATS), "acc": drift}
+    known = {"quant": set(STATS), "grad": {*GRAD_STATS, *GRAD_NOISE_STATS}, "acc": drift}
     if kind is not None:
         if kind not in known:
             raise ValueError(f"kind must be one of {sorted(known)}, got {kind!r}")
