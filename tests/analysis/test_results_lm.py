@@ -26,7 +26,7 @@ def _written(table: pd.DataFrame) -> str:
 def test_link_cells_and_verdict_recompute_from_the_outcomes():
     exp = _experiment()
     runs = pd.read_csv(FOLDER / "outcomes.csv")
-    assert len(runs) == 375 and runs["drift"].notna().all()
+    assert len(runs) == 750 and runs["drift"].notna().all()
     assert _written(exp.link(runs)) == (FOLDER / "link.csv").read_text()
     cells = runs.groupby("cell", sort=False)[["drift", "loss_gap_hp"]].mean().reset_index()
     assert _written(cells) == (FOLDER / "cells.csv").read_text()
