@@ -195,8 +195,13 @@ def analyze(results):
         "verdict": analysis.verdict(runs, "loss_gap_hp", baseline="nvfp4-no-sr"),
         "outcomes": table,
         "link": link(runs),
-        "cells": runs.groupby("cell", sort=False)[["drift", "loss_gap_hp"]].mean().reset_index(),
+        "cells": cell_means(runs),
     }
+
+
+def cell_means(runs):
+    """Each cell's mean drift and mean loss_gap_hp."""
+    return runs.groupby("cell", sort=False)[["drift", "loss_gap_hp"]].mean().reset_index()
 
 
 def outcomes(runs):

@@ -55,7 +55,6 @@ from fp4lab.schema import GRAD_NOISE_STATS, grad_key, parse_key
 
 __all__ = [
     "NOISE_TAG",
-    "GRAD_NOISE_STATS",
     "Draws",
     "rekey",
     "draw_gradients",

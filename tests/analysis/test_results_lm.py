@@ -28,7 +28,6 @@ def test_link_cells_and_verdict_recompute_from_the_outcomes():
     runs = pd.read_csv(FOLDER / "outcomes.csv")
     assert len(runs) == 750 and runs["drift"].notna().all()
     assert _written(exp.link(runs)) == (FOLDER / "link.csv").read_text()
-    cells = runs.groupby("cell", sort=False)[["drift", "loss_gap_hp"]].mean().reset_index()
-    assert _written(cells) == (FOLDER / "cells.csv").read_text()
+    assert _written(exp.cell_means(runs)) == (FOLDER / "cells.csv").read_text()
     verdict = analysis.verdict(runs, "loss_gap_hp", baseline="nvfp4-no-sr")
     assert _written(verdict) == (FOLDER / "verdict.csv").read_text()
