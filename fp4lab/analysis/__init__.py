@@ -37,6 +37,7 @@ from fp4lab.analysis.frames import (
 from fp4lab.analysis.intervals import (
     Interval,
     bootstrap_ci,
+    median_interval,
     percentile_interval,
     ratio_ci,
     t_interval,
@@ -71,6 +72,7 @@ __all__ = [
     "layer_order",
     "depths",
     "loss_gap",
+    "median_interval",
     "ok_runs",
     "paired_difference",
     "percentile_interval",

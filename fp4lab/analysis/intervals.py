@@ -23,6 +23,7 @@ __all__ = [
     "t_interval",
     "percentile_interval",
     "bootstrap_ci",
+    "median_interval",
     "ratio_ci",
     "fieller_interval",
 ]
@@ -110,6 +111,29 @@ def t_interval(values, level: float = 0.95, *, min_n: int = 3) -> Interval:
         return Interval(mean, NAN, NAN)
     half = scipy_stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size)
     return Interval(mean, float(mean - half), float(mean + half))
+
+
+def median_interval(values, level: float = 0.95) -> Interval:
+    """Distribution-free interval of the median from order statistics (Thompson 1936).
+
+        [x_(k), x_(n+1-k)],   k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2
+
+    Its coverage is at least `level` for any continuous distribution (exactly 1 - 2 P(B < k)),
+    whatever n; +inf values (a target never reached) are order statistics like any other, so
+    an end is inf where that many runs never reached. The price is width at small n: with 6-8
+    values it is [min, max] (coverage 96.9-99.2 %). A percentile or BCa bootstrap of the median
+    at n = 8 missed 7-8 % at a nominal 5 % (tests/analysis/test_tokens_coverage.py). No k
+    exists below n = 6 at 95 %: then the interval is (NaN, NaN).
+    """
+    x = np.sort(np.asarray(values, np.float64).ravel())
+    if x.size == 0:
+        return Interval(NAN, NAN, NAN)
+    estimate = float(np.median(x))
+    below = scipy_stats.binom.cdf(np.arange(x.size) - 1, x.size, 0.5)  # P(B < k), k = 0..n-1
+    k = int(np.sum(below <= (1 - level) / 2)) - 1  # the largest such k (k = 0 never counts)
+    if k < 1:
+        return Interval(estimate, NAN, NAN)
+    return Interval(estimate, float(x[k - 1]), float(x[x.size - k]))
 
 
 def bootstrap_ci(

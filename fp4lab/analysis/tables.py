@@ -26,7 +26,14 @@ from fp4lab.analysis import crossed
 from fp4lab.analysis.columns import require
 from fp4lab.analysis.factors import design_factors
 from fp4lab.analysis.frames import ok_runs
-from fp4lab.analysis.intervals import Interval, Stat, bootstrap_ci, ratio_ci, wilson_interval
+from fp4lab.analysis.intervals import (
+    Interval,
+    Stat,
+    bootstrap_ci,
+    median_interval,
+    ratio_ci,
+    wilson_interval,
+)
 from fp4lab.schema import STREAMS
 
 __all__ = [
@@ -213,9 +220,12 @@ def tokens_to_target(
         overhead = tokens / tokens_baseline - 1      (Cim et al. 2026, Table 1: +8 % = 0.08)
 
     Never-reached runs stay in as +inf: the median is finite while more than half of the seeds
-    reach the target, and is inf ("never") otherwise; `never` counts them. Intervals: bootstrap
-    over seeds (`bootstrap_ci`); the overhead resamples the group and its baseline independently
-    (`ratio_ci`). The baseline group compared with itself has overhead exactly 0.
+    reach the target, and is inf ("never") otherwise; `never` counts them. Intervals: the median's
+    from order statistics (`median_interval`: distribution-free, at least `level`; [min, max]
+    at 6-8 seeds; none below 6), another `stat`'s a bootstrap over seeds (`bootstrap_ci`); the
+    overhead resamples the group and its baseline independently (`ratio_ci`; its coverage at
+    8 seeds per group is simulated in tests/analysis/test_tokens_coverage.py). The baseline
+    group compared with itself has overhead exactly 0.
 
     Args:
       by: grouping columns (default one group per sweep cell).
@@ -238,7 +248,10 @@ def tokens_to_target(
     for key, g in _groups(runs, by):
         ok = ok_runs(g)
         t = _tokens(ok)
-        ci = bootstrap_ci(t, stat, n_boot=n_boot, level=level, seed=seed)
+        if stat is np.median:
+            ci = median_interval(t, level)
+        else:
+            ci = bootstrap_ci(t, stat, n_boot=n_boot, level=level, seed=seed)
         row = key | dict(n=len(ok), failed=len(g) - len(ok), no_target=len(ok) - len(t))
         row |= dict(reached=int(np.isfinite(t).sum()), never=int(np.isinf(t).sum()))
         row |= dict(tokens=ci.estimate, tokens_lo=ci.lo, tokens_hi=ci.hi)
