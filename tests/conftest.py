@@ -63,3 +63,29 @@ def _no_stored_programs_after_a_test(monkeypatch):
     from fp4lab.sweep import programs
 
     monkeypatch.delenv(programs.ENV, raising=False)
+
+
+# The tests read the committed results folders (`fp4lab.sweep.load`), which builds each
+# folder's summary index (`index.sqlite`, ignored by git) beside its files. A test run leaves
+# the checkout as it found it: the controller (not an xdist worker, which may end while others
+# still read) removes at the end the index files the run created.
+_INDEX_NAMES = ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm")
+_RESULTS = pathlib.Path(__file__).resolve().parents[1] / "results"
+
+
+def _index_files() -> set[pathlib.Path]:
+    return {p for name in _INDEX_NAMES for p in _RESULTS.glob(f"*/{name}")}
+
+
+_index_files_before: set[pathlib.Path] = set()
+
+
+def pytest_sessionstart(session):
+    _index_files_before.update(_index_files())
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput"):  # an xdist worker
+        return
+    for path in _index_files() - _index_files_before:
+        path.unlink(missing_ok=True)
