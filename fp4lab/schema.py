@@ -113,6 +113,7 @@ RECORDED_BEFORE: dict[str, Any] = {
     "task_file": "",
     "task_args": [],
     "noise_keys": 0,
+    "target_on": "train",
 }
 
 
@@ -267,7 +268,7 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
     "target_loss": ("float", "the tokens-to-target threshold (NaN: none)", _SUMMARY),
     "tokens_to_target": (
         "float",
-        "tokens until the smoothed loss reached it (NaN: never)",
+        "tokens until the smoothed loss (Config.target_on) reached it (NaN: never)",
         _SUMMARY,
     ),
     "tokens_per_step": ("int", "tokens (or examples) per step", _SUMMARY),
@@ -281,7 +282,7 @@ METRICS_COLUMNS: dict[str, tuple[str, str, str]] = {
     "step": ("int", "the optimizer step (0-based)", _METRICS),
     "metric": (
         "str",
-        "loss, grad_norm, loss_scale or a telemetry key (quant/..., grad/...)",
+        "loss, grad_norm, loss_scale, loss_hp (Config.target_on) or a telemetry key (quant/...)",
         _METRICS,
     ),
     "value": ("float", "the metric's value at that step", _METRICS),

@@ -56,6 +56,7 @@ _OUTCOMES = {
     "loss_gap": ("loss gap to the floor", "nats"),
     "eval_hp": ("held-out loss under a high-precision forward", "nats"),
     "loss_gap_hp": ("loss gap to the floor under a high-precision forward", "nats"),
+    "loss_hp": ("the step's batch under a high-precision forward", "nats"),
     "grad_norm": ("gradient norm", ""),
     "loss_scale": ("loss scale", ""),
     "tokens_to_target": ("tokens to target", ""),

@@ -73,6 +73,7 @@ def progress_every(cfg: Config, reports: int = 50) -> int:
 
 
 _OUT = ("loss", "grad_norm", "loss_scale")  # what a step report carries, in this order
+SERIES = (*_OUT, "loss_hp")  # the per-step series a record keeps (loss_hp: Config.target_on)
 
 
 def _kernel_reports() -> bool:
@@ -239,7 +240,7 @@ def compute_cell(
             one = jax.tree.map(lambda a, i=i: np.asarray(a[i]), arrays)
             summary = summarize(cfg, one, task)
             summary["compile_s"] = 0.0 if cached else compile_s
-            series = {k: one[k] for k in ("loss", "grad_norm", "loss_scale")}
+            series = {k: one[k] for k in SERIES if k in one}
             tel = {"steps": trainer.log_steps(cfg), "metrics": one["telemetry"]}
             out.append(
                 {

@@ -52,6 +52,7 @@ __all__ = [
     "OPTIMIZERS",
     "SCHEDULES",
     "LOSS_SCALING",
+    "TARGET_ON",
     "make",
     "jsonable",
 ]
@@ -61,6 +62,9 @@ OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 LOSS_SCALING = ("none", "static", "dynamic")
 DTYPES = ("float32", "bfloat16", "float16")
+# what tokens to target reads: "train" the training loss (under the run's recipe), "hp" the
+# per-step held-out loss under a high-precision forward (the `loss_hp` series)
+TARGET_ON = ("train", "hp")
 _PHASE_KEYS = ("recipe", "gemms", "backward", "rules")
 
 _INT_1 = {"integer": True, "low": 1}
@@ -179,9 +183,14 @@ class Config:
     spike_factor: float = 5.0  # divergence: loss above this many times the first loss or the
     spike_window: int = 20  # ... median of the last this many steps (fp4lab.train.divergence)
     stop_on_divergence: bool = False  # freeze the run at its first divergence (else carry on)
-    target_loss: float | None = None  # tokens-to-target threshold on the smoothed train loss
+    target_loss: float | None = None  # tokens-to-target threshold on the smoothed loss ...
     target_gap: float | None = None  # ... or this far above the task's floor
     target_window: int = 10  # steps averaged for the smoothed loss
+    # the loss it smooths: "train" the training loss, under the run's recipe; "hp" the loss of
+    # the step's weights on the step's batch, before they learn from it, under a high-precision
+    # forward (the `loss_hp` series; held out wherever the task draws a fresh batch each step,
+    # as the synthetic tasks do): an eval_hp at every step, one batch each, one more forward
+    target_on: str = "train"
     # execution
     seed_batch: int = 4  # seeds per vmapped call; fewer are padded, so bits never depend on it
 
@@ -195,6 +204,7 @@ class Config:
         _choice("dtype", self.dtype, DTYPES)
         _choice("backend", self.backend, BACKENDS)
         _choice("telemetry_stats", self.telemetry_stats, STATS_METHODS)
+        _choice("target_on", self.target_on, TARGET_ON)
         for name, rule in _NUMBERS.items():
             schema.check_number("Config", name, getattr(self, name), error=ConfigError, **rule)
         for name in ("hidden", "teacher_hidden"):

@@ -24,8 +24,9 @@ def target_of(cfg: Config, floor: float) -> float:
 
 
 def tokens_to_target(loss: np.ndarray, target: float, window: int, tokens_per_step: int) -> float:
-    """Tokens consumed when the mean of the last `window` train losses first reaches `target`
-    (NaN: never, or no target). Steps with a NaN loss never count as reached."""
+    """Tokens consumed when the mean of the last `window` losses (the training loss, or the
+    `loss_hp` series) first reaches `target` (NaN: never, or no target). Steps with a NaN loss
+    never count as reached."""
     loss = np.asarray(loss, np.float64)
     if not math.isfinite(target) or len(loss) < window:
         return math.nan
@@ -39,7 +40,9 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
 
     Two measurements of the trained weights: under the run's own recipe (final_loss,
     loss_gap; tokens_to_target reads the training loss, which is under the recipe too) and
-    under a high-precision forward (eval_hp, loss_gap_hp). `measure` names the first one's
+    under a high-precision forward (eval_hp, loss_gap_hp); with `Config.target_on="hp"`
+    tokens_to_target reads the per-step high-precision series `loss_hp` instead. `measure`
+    names the first one's
     forward ("recipe"), so that a comparison across a late switch of precision can say which
     it uses: part of a "recovery" after switching to BF16 is a change of measurement.
 
@@ -56,6 +59,7 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
     eval_hp = float(np.asarray(arrays["eval_hp"])) if "eval_hp" in arrays else math.nan
     target = target_of(cfg, task.floor)
     div_step = int(np.asarray(arrays["diverged_step"]))
+    toward = np.asarray(arrays["loss_hp"], np.float64) if cfg.target_on == "hp" else loss
     return {
         "final_loss": float(final),
         "final_train_loss": float(np.mean(tail)),
@@ -69,6 +73,8 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
         "divergence_step": float(div_step) if div_step >= 0 else math.nan,
         "divergence_kind": DIVERGENCE_KINDS[int(np.asarray(arrays["divergence_kind"]))],
         "target_loss": target,
-        "tokens_to_target": tokens_to_target(loss, target, cfg.target_window, task.tokens_per_step),
+        "tokens_to_target": tokens_to_target(
+            toward, target, cfg.target_window, task.tokens_per_step
+        ),
         "tokens_per_step": task.tokens_per_step,
     }

@@ -26,7 +26,9 @@ update on a non-finite gradient and doubles it after `growth_interval` finite st
 median of the last `spike_window` losses: `fp4lab.train.divergence`) is recorded, not raised;
 with `stop_on_divergence` the run freezes there and later losses read NaN.
 
-`train(keys)` returns arrays: loss, grad_norm and loss_scale per step; eval_loss (held-out,
+`train(keys)` returns arrays: loss, grad_norm and loss_scale per step (and loss_hp with
+`Config.target_on="hp"`: the step's weights on the step's batch, before the update, under a
+high-precision forward: a held-out loss at every step where batches are fresh); eval_loss (held-out,
 under the last phase's recipe, at the end) and eval_hp (the same weights and batches under a
 high-precision forward: no quantization, so a change of recipe at evaluation is not mistaken
 for a change of the weights); diverged_step (-1: never) and divergence_kind (0 none,
@@ -41,6 +43,7 @@ state-in / state-out functions, and here the step, the phases and the run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -166,8 +169,10 @@ def _gradients(cfg: Config, task: Task, model, batch, scale, measure):
     return loss, grads, metrics
 
 
-def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, measure):
-    """One optimizer step: (carry, the model's non-Param state, per-step outputs, metrics)."""
+def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, measure, hp=None):
+    """One optimizer step: (carry, the model's non-Param state, per-step outputs, metrics).
+    `hp`: (graphdef, non-Param state) of the plain model, whose loss on the step's batch with
+    the step's weights, before the update, is the `loss_hp` output (`Config.target_on`)."""
     model = nnx.merge(graphdef, carry.params, rest)
     batch = train_batch(task, keys, t)
     scale = loss_scaling.scale_of(carry.loss_scale, cfg.loss_scaling)
@@ -195,6 +200,9 @@ def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, me
         "grad_norm": jnp.where(frozen, nan, grad_norm),
         "loss_scale": carry.loss_scale.scale,
     }
+    if hp is not None:
+        loss_hp = task.loss(nnx.merge(hp[0], carry.params, hp[1]), batch)
+        out["loss_hp"] = jnp.where(frozen, nan, jax.lax.stop_gradient(loss_hp))
     return Carry(params, opt_state, ls, div), new_rest, out, metrics
 
 
@@ -207,6 +215,9 @@ def _run_phase(
     `make_train` makes it a side effect every k steps that reads and changes nothing, and the
     scans of one step are then inlined as XLA inlines them without it (bit-identical, tested)."""
     every = cfg.telemetry_every
+    if cfg.target_on == "hp":  # the plain model, for loss_hp
+        graph_hp, _, rest_hp = nnx.split(init_model(task, keys), nnx.Param, ...)
+        step = functools.partial(step, hp=(graph_hp, rest_hp))
     model = init_model(task, keys)
     quantize_model(
         model,
@@ -365,8 +376,8 @@ def make_train(
             due = ((t + 1) % every == 0) | (t + 1 == cfg.steps)
             jax.lax.cond(due, call, lambda: None)
 
-    def step(carry, t, graphdef, rest, keys, measure):
-        return _step(cfg, task, tx, carry, t, graphdef, rest, keys, measure)
+    def step(carry, t, graphdef, rest, keys, measure, hp=None):
+        return _step(cfg, task, tx, carry, t, graphdef, rest, keys, measure, hp)
 
     def train(keys: dict[str, jax.Array]) -> dict[str, Any]:
         missing = set(STREAMS) - set(keys)

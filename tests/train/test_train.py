@@ -69,6 +69,7 @@ def test_config_round_trips_through_json_and_hashes():
         (dict(phases=[(0.5, {"recipes": "bf16"})]), "unknown keys ['recipes']"),
         (dict(phases=[(300, "bf16")], steps=200), "must increase and be < steps=200"),
         (dict(shadow=True), "shadow=True needs telemetry_every"),
+        (dict(target_on="eval"), "Config.target_on='eval'; allowed: 'train', 'hp'"),
         (dict(lr2=1.0), "unknown config fields ['lr2']; allowed: task,"),
     ],
 )
