@@ -10,6 +10,7 @@ association within_correlation: does one per-run quantity predict another, withi
 components  variance components of the seed streams per cell (variance_components)
 verdicts    the verdict table: precision choices against each seed stream's own spread
 tables      per-cell tables: divergence rate, loss gap, paired differences, tokens to target
+            (retarget: tokens to target read again from another stored series)
 factors     shares of variance of a main-effects model of the design factors
 labels      readable names of cells and statistics for figures (cell_label, stat_label)
 plots       figures (imported on first use: `fp4lab.analysis.plots`)
@@ -50,6 +51,7 @@ from fp4lab.analysis.tables import (
     divergence_rate,
     loss_gap,
     paired_difference,
+    retarget,
     tokens_to_target,
 )
 from fp4lab.analysis.verdicts import verdict
@@ -78,6 +80,7 @@ __all__ = [
     "percentile_interval",
     "quant_telemetry",
     "ratio_ci",
+    "retarget",
     "scalar_metric",
     "seed_factors",
     "stat_label",

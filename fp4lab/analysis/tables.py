@@ -41,6 +41,7 @@ __all__ = [
     "divergence_rate",
     "loss_gap",
     "paired_difference",
+    "retarget",
     "tokens_to_target",
     "default_baseline",
 ]
@@ -271,6 +272,52 @@ def tokens_to_target(
             row |= dict(baseline=is_base)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def retarget(runs: pd.DataFrame, metrics: pd.DataFrame, series: str = "loss") -> pd.DataFrame:
+    """The runs with `tokens_to_target` read again from another stored per-step series, at each
+    run's own target_loss, target_window and tokens_per_step: the tokens consumed when the mean
+    of the last `target_window` values first reaches `target_loss` (NaN: never; a NaN value never
+    counts as reached), as the trainer computes it (`Config.target_on`).
+
+    With series="loss" the runs of `target_on="hp"` answer what the training loss under their
+    own recipe would have said, on the same runs: the gap between the two readings is the
+    forward's quantization error that the training loss counts as slower learning.
+
+    Args:
+      runs: a runs table with run_id, status, target_loss, target_window, tokens_per_step.
+      metrics: the long metrics table (run_id, step, metric, value) of the same folder.
+      series: the per-step series to read ("loss", "loss_hp").
+    Raises:
+      ValueError: a finished run without that series in `metrics`.
+    """
+    require(
+        runs, ("run_id", "status", "target_loss", "target_window", "tokens_per_step"), "retarget"
+    )
+    rows = metrics[metrics["metric"] == series].sort_values(["run_id", "step"])
+    by_run = {rid: g["value"].to_numpy(np.float64) for rid, g in rows.groupby("run_id")}
+    ok = runs["status"] == "ok"
+    missing = sorted(set(runs.loc[ok, "run_id"]) - set(by_run))
+    if missing:
+        raise ValueError(
+            f"retarget: {len(missing)} finished run(s) have no {series!r} series in metrics "
+            f"(first: {missing[0]}); series there: {sorted(metrics['metric'].unique())[:8]}"
+        )
+    tokens = [
+        _first_crossing(by_run[r.run_id], r.target_loss, int(r.target_window), r.tokens_per_step)
+        if is_ok
+        else np.nan
+        for r, is_ok in zip(runs.itertuples(), ok, strict=True)
+    ]
+    return runs.assign(tokens_to_target=np.asarray(tokens, np.float64))
+
+
+def _first_crossing(values: np.ndarray, target: float, window: int, tokens_per_step) -> float:
+    if not np.isfinite(target) or len(values) < window:
+        return np.nan
+    smooth = np.convolve(values, np.ones(window) / window, mode="valid")  # steps i..i+window-1
+    hit = np.flatnonzero(smooth <= target)
+    return float((hit[0] + window) * tokens_per_step) if len(hit) else np.nan
 
 
 def default_baseline(runs: pd.DataFrame) -> tuple[dict | None, list[str]]:
