@@ -36,7 +36,15 @@ from fp4lab.nnx.op import (
 )
 from fp4lab.ops import native
 
-__all__ = ["Rule", "quantize_model", "describe", "backend_report", "unquantize", "OPS"]
+__all__ = [
+    "Rule",
+    "quantize_model",
+    "unmatched_rules",
+    "describe",
+    "backend_report",
+    "unquantize",
+    "OPS",
+]
 
 OPS = ("dot_general", "einsum", "conv", "attention")
 _DEFAULT_OPS = ("dot_general", "einsum", "conv")
@@ -129,7 +137,38 @@ def quantize_model(
     Returns:
       The same model. A rule that matches nothing triggers a warning.
     """
-    rules = [r if isinstance(r, Rule) else Rule(*r) for r in rules]
+    rules = _as_rules(rules)
+    targets, used = _plan(model, rules)
+    for module, attr, op, dotted, recipe, layers in targets:
+        current = getattr(module, attr)
+        original = current.original if isinstance(current, QuantizedOp) else current
+        if recipe is None:
+            setattr(module, attr, nnx.static(original))
+        else:  # a submodule holding the op's state; nnx.data marks it as a child node
+            qop = _OP_MODULES[op](recipe, dotted, key, original, backend, telemetry, layers=layers)
+            setattr(module, attr, nnx.data(qop))
+    for rule, u in zip(rules, used, strict=True):
+        if not u:
+            warnings.warn(f"quantize_model: rule {rule.path!r} matched no module", stacklevel=2)
+    return model
+
+
+def unmatched_rules(model: nnx.Module, rules) -> list[Rule]:
+    """The rules that `quantize_model(model, rules)` would apply to no GEMM: their path matches
+    no module's (or, in layers stacked for nnx.scan, no layer's) dotted path, or every module
+    they match is taken by an earlier rule (first match wins). The model is left as it is."""
+    rules = _as_rules(rules)
+    _, used = _plan(model, rules)
+    return [rule for rule, u in zip(rules, used, strict=True) if not u]
+
+
+def _as_rules(rules) -> list[Rule]:
+    return [r if isinstance(r, Rule) else Rule(*r) for r in rules]
+
+
+def _plan(model: nnx.Module, rules: list[Rule]) -> tuple[list, list[bool]]:
+    """(targets, used): each seam's (module, attr, op, dotted path, recipe, stacked layers),
+    and for each rule whether some seam takes it."""
     used = [False] * len(rules)
 
     def recipe_of(dotted: str, op: str):
@@ -151,18 +190,7 @@ def quantize_model(
         layers = tuple((p, recipe_of(p, op)[1]) for p in _layer_paths(path, *stack))
         recipe = next((r for _, r in layers if r is not None), None)
         targets.append((module, attr, op, dotted, recipe, layers))
-    for module, attr, op, dotted, recipe, layers in targets:
-        current = getattr(module, attr)
-        original = current.original if isinstance(current, QuantizedOp) else current
-        if recipe is None:
-            setattr(module, attr, nnx.static(original))
-        else:  # a submodule holding the op's state; nnx.data marks it as a child node
-            qop = _OP_MODULES[op](recipe, dotted, key, original, backend, telemetry, layers=layers)
-            setattr(module, attr, nnx.data(qop))
-    for rule, u in zip(rules, used, strict=True):
-        if not u:
-            warnings.warn(f"quantize_model: rule {rule.path!r} matched no module", stacklevel=2)
-    return model
+    return targets, used
 
 
 def _stack_of(model: nnx.Module, path, module) -> tuple[tuple, int] | None:
@@ -175,9 +203,9 @@ def _stack_of(model: nnx.Module, path, module) -> tuple[tuple, int] | None:
     """
     declared = _declared_ndim(module)
     kernel = getattr(module, "kernel", None)
-    if declared is None or kernel is None or kernel[...].ndim != declared + 1:
+    if declared is None or kernel is None or kernel.get_value().ndim != declared + 1:
         return None
-    length = kernel[...].shape[0]
+    length = kernel.get_value().shape[0]
     modules = dict((tuple(p), m) for p, m in nnx.iter_modules(model))
     root = tuple(path)
     for cut in range(len(path) - 1, 0, -1):
@@ -201,7 +229,8 @@ def _declared_ndim(module) -> int | None:
 
 
 def _params(module) -> list:
-    return [v[...] for _, v in nnx.to_flat_state(nnx.state(module, nnx.Param))]
+    # get_value: arrays, or their shapes under nnx.eval_shape (`unmatched_rules`)
+    return [v.get_value() for _, v in nnx.to_flat_state(nnx.state(module, nnx.Param))]
 
 
 def _layer_paths(path, stack_path, length: int) -> list[str]:

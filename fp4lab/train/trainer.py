@@ -56,10 +56,10 @@ from flax import nnx
 from fp4lab.core import recipes
 from fp4lab.core.spec import QuantSpec
 from fp4lab.nnx import noise, telemetry
-from fp4lab.nnx.rules import Rule, quantize_model
+from fp4lab.nnx.rules import Rule, describe, quantize_model, unmatched_rules
 from fp4lab.schema import SEED_LIMIT, STREAMS
 from fp4lab.train import divergence, loss_scaling
-from fp4lab.train.config import Config
+from fp4lab.train.config import Config, ConfigError
 from fp4lab.train.tasks import Task, eval_batch, init_model, make_task, train_batch
 
 __all__ = [
@@ -127,6 +127,35 @@ def phase_rules(cfg: Config) -> list[tuple[int, int, list[Rule]]]:
         rules.append(Rule(".*", _recipe(s["recipe"], s["gemms"], s["backward"])))
         out.append((start, stop, rules))
     return out
+
+
+def check_rules(cfg: Config, task: Task) -> None:
+    """A rule of `cfg` that would quantize nothing is a mistake, not a no-op: ConfigError.
+
+    Each phase's rules are matched against the task's model as `quantize_model` matches them
+    (its shapes only, `nnx.eval_shape`, or the model itself where its constructor needs
+    values): a rule whose path matches no module's whole dotted path, or whose modules an
+    earlier rule takes, is reported; the phase's recipe for everything else (its last rule)
+    may match nothing."""
+
+    def build():
+        return task.model(nnx.Rngs(params=jax.random.key(0)))
+
+    try:
+        model = nnx.eval_shape(build)
+    except Exception:  # noqa: BLE001 - a constructor that reads values; errors surface below
+        model = build()
+    for start, _, rules in phase_rules(cfg):
+        unused = [r for r in unmatched_rules(model, rules) if r is not rules[-1]]
+        if unused:
+            where = f" (the phase from step {start})" if start else ""
+            paths = list(dict.fromkeys(describe(model)["path"]))
+            shown = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else "")
+            raise ConfigError(
+                f"rules: {unused[0].path!r}{where} matches no layer of the model, or only "
+                "layers an earlier rule takes (a module goes to the first rule that matches "
+                f"it; a path must match the whole dotted path); the model's layers: {shown}"
+            )
 
 
 def log_steps(cfg: Config) -> np.ndarray:
@@ -363,6 +392,7 @@ def make_train(
     task = make_task(cfg)
     tx = make_optimizer(cfg)
     phases = phase_rules(cfg)
+    check_rules(cfg, task)
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"make_train: every={every!r}; must be an int >= 1")
     report = None

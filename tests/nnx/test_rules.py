@@ -11,7 +11,7 @@ from flax import nnx
 import fp4lab as fl
 from fp4lab.core import recipes
 from fp4lab.nnx.op import QuantizedOp
-from fp4lab.nnx.rules import Rule, describe, quantize_model, unquantize
+from fp4lab.nnx.rules import Rule, describe, quantize_model, unmatched_rules, unquantize
 
 
 class Block(nnx.Module):
@@ -296,3 +296,14 @@ def test_delayed_scaling_is_validated():
     bad = recipes.GemmRecipe(dgrad_dy=fl.fp8("e5m2").replace(amax_history=2))
     with pytest.raises(ValueError, match="gradients use current scaling"):
         quantize_model(Lin(nnx.Rngs(0)), [Rule(r"lin", bad)])
+
+
+def test_unmatched_rules_lists_what_quantize_model_would_warn_about_and_changes_nothing():
+    model, ref = _model(), _model()
+    rules = [Rule(r".*", "bf16"), Rule(r"up", None), Rule(r"nothing_here", "mxfp4")]
+    assert unmatched_rules(model, rules) == rules[1:]  # shadowed by ".*"; matches no path
+    assert unmatched_rules(model, [Rule(r"up", None), Rule(r".*", "bf16")]) == []
+    assert describe(model).equals(describe(ref))  # nothing quantized
+    with pytest.warns(UserWarning) as seen:
+        quantize_model(model, rules)
+    assert sorted(str(w.message).split("'")[1] for w in seen) == ["nothing_here", "up"]
