@@ -27,12 +27,20 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import warnings
 
 from fp4lab.cli.parser import build_parser
 from fp4lab.cli.run import compile_cache_folder
 
-__all__ = ["build_parser", "compile_cache_folder", "main"]
+__all__ = [
+    "build_parser",
+    "compile_cache_folder",
+    "console",
+    "main",
+    "restore_termination",
+    "terminate_as_interrupt",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,8 +70,25 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         warnings.formatwarning = formatwarning
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        restore_termination(previous)
+
+
+def console() -> None:
+    """The `fp4lab` command: `main()`, then the process's exit with its code.
+
+    An interrupted command (Ctrl-C, SIGTERM: exit code 130) ends at once (`os._exit`) once jax
+    is loaded: XLA may still run native threads then (a compile, a program dispatched
+    asynchronously), and the interpreter's finalization under them crashed (a segmentation
+    fault instead of exit 130, on a SIGTERM during `fp4lab run`'s first compile). What a run
+    stores is on disk before `main` returns: records are written atomically, the index commits
+    per run, the workers are stopped and the folder's lock is released as `main` unwinds (and
+    the reaper ends a Ray cluster the run started, as after a kill -9)."""
+    code = main()
+    if code == 130 and "jax" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 # The errors a command reports in one line (exit 2), by module: the module of an error raised is
@@ -89,13 +114,34 @@ def one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 def terminate_as_interrupt():
     """SIGTERM (a scheduler's timeout, `kill`) raises KeyboardInterrupt in the main thread, so
-    `fp4lab run` stops its workers and exits as on Ctrl-C. Returns the previous handler."""
+    `fp4lab run` stops its workers and exits as on Ctrl-C. Returns what to pass to
+    `restore_termination` (None off the main thread, where nothing is installed).
+
+    A KeyboardInterrupt raised where Python ignores exceptions (a garbage-collection callback,
+    such as jax's, or a `__del__`) was lost, and the run went on to its end: such a lost one is
+    delivered again (the signal is sent anew) instead of reported as ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous_hook = sys.unraisablehook
 
     def handler(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
-    import threading
+    def hook(unraisable):
+        exc = unraisable.exc_value
+        if isinstance(exc, KeyboardInterrupt) and str(exc) == f"signal {signal.SIGTERM}":
+            resend = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
+            resend.daemon = True
+            resend.start()
+            return
+        previous_hook(unraisable)
 
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, handler)
+    sys.unraisablehook = hook
+    return signal.signal(signal.SIGTERM, handler), previous_hook
+
+
+def restore_termination(saved) -> None:
+    """Undoes `terminate_as_interrupt` (its return value; None: nothing to undo)."""
+    if saved is not None:
+        signal.signal(signal.SIGTERM, saved[0])
+        sys.unraisablehook = saved[1]

@@ -1,7 +1,5 @@
 """`python -m fp4lab.cli`: the `fp4lab` command."""
 
-import sys
+from fp4lab.cli import console
 
-from fp4lab.cli import main
-
-sys.exit(main())
+console()

@@ -1,0 +1,83 @@
+"""`fp4lab run` stopped by SIGTERM while XLA compiles a cell in the process (--workers 1)
+exits with its interrupt line and code 130, not a segmentation fault in the interpreter's
+finalization under XLA's threads, and the folder resumes."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+EXPERIMENT = """
+from fp4lab.train.config import Config
+
+def get_config():
+    return Config(d_model=32, n_heads=2, n_layers=2, d_ff=64, seq_len=16, batch_size=4,
+                  vocab=32, steps=5, eval_batches=1, seed_batch=2, recipe="nvfp4")
+
+def sweep(add):
+    add("a", seeds=2)
+"""
+# XLA logs the end of its HLO passes on the cell's program; its code generation follows
+XLA_LOG = {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "cpu_compiler=1"}
+IN_COMPILE = b"Running HLO passes on [jit_train]"
+
+
+def _run(path, out, stop_in_compile: bool):
+    cmd = [sys.executable, "-m", "fp4lab.cli", "run", str(path), "--out", str(out)]
+    cmd += ["--workers", "1", "--no-compile-cache", "--xla-log"]
+    env = os.environ | {"JAX_PLATFORMS": "cpu"} | (XLA_LOG if stop_in_compile else {})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    seen = b""
+    if stop_in_compile:
+        for line in iter(proc.stderr.readline, b""):
+            seen += line
+            if IN_COMPILE in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+    _, err = proc.communicate(timeout=300)
+    return proc.returncode, (seen + err).decode(errors="replace")
+
+
+def test_sigterm_during_a_compile_exits_130_and_the_folder_resumes(tmp_path):
+    path = tmp_path / "tiny.py"
+    path.write_text(textwrap.dedent(EXPERIMENT))
+    code, err = _run(path, tmp_path / "out", stop_in_compile=True)
+    assert IN_COMPILE.decode() in err  # the signal came inside XLA's compile
+    assert "Fatal Python error" not in err and code != -signal.SIGSEGV, err[-2000:]
+    assert code == 130, err[-2000:]
+    assert "interrupted; finished runs are stored, run again to resume" in err
+    code, err = _run(path, tmp_path / "out", stop_in_compile=False)
+    assert code == 0, err[-2000:]
+    assert len(list((tmp_path / "out" / "runs").glob("*.json"))) == 2
+
+
+LOST = """
+import time
+from fp4lab.cli import terminate_as_interrupt
+
+class SlowToCollect:
+    def __del__(self):
+        print("collecting", flush=True)
+        time.sleep(5)  # SIGTERM comes here: its KeyboardInterrupt is one Python ignores
+
+terminate_as_interrupt()
+try:
+    obj = SlowToCollect()
+    del obj
+    time.sleep(5)
+    print("went on to the end", flush=True)
+except KeyboardInterrupt as e:
+    print("stopped by", e, flush=True)
+"""
+
+
+def test_an_interrupt_lost_in_a_finalizer_is_delivered_again():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOST], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout.readline() == b"collecting\n"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert out.decode() == "stopped by signal 15\n", (out, err)
+    assert b"Exception ignored" not in err, err
