@@ -21,12 +21,15 @@ def sweep(add):
 # XLA logs the end of its HLO passes on the cell's program; its code generation follows
 XLA_LOG = {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "cpu_compiler=1"}
 IN_COMPILE = b"Running HLO passes on [jit_train]"
+CACHES = ("JAX_COMPILATION_CACHE_DIR", "FP4LAB_PROGRAM_CACHE")
 
 
 def _run(path, out, stop_in_compile: bool):
     cmd = [sys.executable, "-m", "fp4lab.cli", "run", str(path), "--out", str(out)]
     cmd += ["--workers", "1", "--no-compile-cache", "--xla-log"]
-    env = os.environ | {"JAX_PLATFORMS": "cpu"} | (XLA_LOG if stop_in_compile else {})
+    # no compiled program from the test session's caches: this process compiles its own
+    env = {k: v for k, v in os.environ.items() if k not in CACHES} | {"JAX_PLATFORMS": "cpu"}
+    env |= XLA_LOG if stop_in_compile else {}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     seen = b""
     if stop_in_compile:
