@@ -129,7 +129,7 @@ def terminate_as_interrupt():
 
     def hook(unraisable):
         exc = unraisable.exc_value
-        if isinstance(exc, KeyboardInterrupt) and str(exc) == f"signal {signal.SIGTERM}":
+        if isinstance(exc, KeyboardInterrupt) and str(exc) == f"signal {int(signal.SIGTERM)}":
             resend = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
             resend.daemon = True
             resend.start()

@@ -67,6 +67,7 @@ __all__ = [
     "make_optimizer",
     "make_train",
     "phase_rules",
+    "check_rules",
     "log_steps",
     "Carry",
 ]
@@ -143,7 +144,7 @@ def check_rules(cfg: Config, task: Task) -> None:
 
     try:
         model = nnx.eval_shape(build)
-    except Exception:  # noqa: BLE001 - a constructor that reads values; errors surface below
+    except Exception:  # a constructor that reads values: build it (its own errors surface)
         model = build()
     for start, _, rules in phase_rules(cfg):
         unused = [r for r in unmatched_rules(model, rules) if r is not rules[-1]]
