@@ -40,6 +40,7 @@ __all__ = [
     "Rule",
     "quantize_model",
     "unmatched_rules",
+    "check_rules",
     "describe",
     "backend_report",
     "unquantize",
@@ -160,6 +161,25 @@ def unmatched_rules(model: nnx.Module, rules) -> list[Rule]:
     rules = _as_rules(rules)
     _, used = _plan(model, rules)
     return [rule for rule, u in zip(rules, used, strict=True) if not u]
+
+
+def check_rules(model: nnx.Module, rules, *, what: str = "rules", last_may_be_unused=True):
+    """ValueError naming the first of `rules` that `quantize_model(model, rules)` would apply
+    to no GEMM (`unmatched_rules`), with the model's layer paths; a configuration's catch-all
+    last rule may match nothing (`last_may_be_unused`). `model` may hold shapes only
+    (`nnx.eval_shape`)."""
+    rules = _as_rules(rules)
+    unused = unmatched_rules(model, rules)
+    if last_may_be_unused and rules:
+        unused = [r for r in unused if r is not rules[-1]]
+    if unused:
+        paths = list(dict.fromkeys(describe(model)["path"]))
+        shown = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else "")
+        raise ValueError(
+            f"{what}: {unused[0].path!r} matches no layer of the model, or only layers an "
+            "earlier rule takes (a module goes to the first rule that matches it; a path must "
+            f"match the whole dotted path); the model's layers: {shown}"
+        )
 
 
 def _as_rules(rules) -> list[Rule]:

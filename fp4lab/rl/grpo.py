@@ -49,7 +49,7 @@ from flax import nnx
 from fp4lab import schema
 from fp4lab.core import recipes
 from fp4lab.models.transformer import Transformer, TransformerConfig
-from fp4lab.nnx.rules import Rule, quantize_model
+from fp4lab.nnx.rules import Rule, check_rules, quantize_model
 from fp4lab.rl import common
 
 __all__ = [
@@ -294,6 +294,9 @@ def make_train(config: GRPOConfig):
     trainer_rules = common.build_rules(
         config.trainer_recipe, config.trainer_rules, backward=config.backward, pad=config.pad
     )
+    shapes = nnx.eval_shape(lambda: Transformer(config.model, rngs=nnx.Rngs(0)))
+    check_rules(shapes, sampler_rules, what="GRPOConfig.sampler_rules")  # none quantizing nothing
+    check_rules(shapes, trainer_rules, what="GRPOConfig.trainer_rules")
     warm_tx = optax.adam(config.warmup_lr)
     tx = _optimizer(config)
 

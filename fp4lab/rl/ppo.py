@@ -42,7 +42,7 @@ from flax import nnx
 from fp4lab import schema
 from fp4lab.core import recipes
 from fp4lab.models.policy import ActorCritic
-from fp4lab.nnx.rules import Rule, quantize_model
+from fp4lab.nnx.rules import Rule, check_rules, quantize_model
 from fp4lab.rl import common
 
 __all__ = [
@@ -258,6 +258,10 @@ def make_train(config: PPOConfig):
 
     # the orthogonal initializer runs QRs: one seed at a time (see common.sequential_under_vmap)
     init = common.sequential_under_vmap(lambda keys: common.split(build(keys))[1:])
+    shapes = nnx.eval_shape(
+        lambda: ActorCritic(obs_dim, n_actions, config.hidden, rngs=nnx.Rngs(0))
+    )
+    check_rules(shapes, rules, what="PPOConfig.rules")  # one that quantizes nothing: an error
     graphdef = common.split(nnx.eval_shape(lambda: build(common.as_keys(jax.random.key(0)))))[0]
 
     def train(keys) -> PPOResult:

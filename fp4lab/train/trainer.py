@@ -56,7 +56,8 @@ from flax import nnx
 from fp4lab.core import recipes
 from fp4lab.core.spec import QuantSpec
 from fp4lab.nnx import noise, telemetry
-from fp4lab.nnx.rules import Rule, describe, quantize_model, unmatched_rules
+from fp4lab.nnx.rules import Rule, quantize_model
+from fp4lab.nnx.rules import check_rules as rules_check
 from fp4lab.schema import SEED_LIMIT, STREAMS
 from fp4lab.train import divergence, loss_scaling
 from fp4lab.train.config import Config, ConfigError
@@ -135,9 +136,8 @@ def check_rules(cfg: Config, task: Task) -> None:
 
     Each phase's rules are matched against the task's model as `quantize_model` matches them
     (its shapes only, `nnx.eval_shape`, or the model itself where its constructor needs
-    values): a rule whose path matches no module's whole dotted path, or whose modules an
-    earlier rule takes, is reported; the phase's recipe for everything else (its last rule)
-    may match nothing."""
+    values; `fp4lab.nnx.rules.check_rules`); the phase's recipe for everything else (its last
+    rule) may match nothing."""
 
     def build():
         return task.model(nnx.Rngs(params=jax.random.key(0)))
@@ -147,16 +147,11 @@ def check_rules(cfg: Config, task: Task) -> None:
     except Exception:  # a constructor that reads values: build it (its own errors surface)
         model = build()
     for start, _, rules in phase_rules(cfg):
-        unused = [r for r in unmatched_rules(model, rules) if r is not rules[-1]]
-        if unused:
-            where = f" (the phase from step {start})" if start else ""
-            paths = list(dict.fromkeys(describe(model)["path"]))
-            shown = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else "")
-            raise ConfigError(
-                f"rules: {unused[0].path!r}{where} matches no layer of the model, or only "
-                "layers an earlier rule takes (a module goes to the first rule that matches "
-                f"it; a path must match the whole dotted path); the model's layers: {shown}"
-            )
+        what = f"Config.phases (from step {start}) rules" if start else "Config.rules"
+        try:
+            rules_check(model, rules, what=what)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def log_steps(cfg: Config) -> np.ndarray:

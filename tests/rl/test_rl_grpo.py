@@ -66,6 +66,15 @@ def test_config_errors_name_the_field(change, field):
         grpo.GRPOConfig(**change)
 
 
+def test_a_rule_that_quantizes_nothing_is_an_error_naming_its_field():
+    with pytest.raises(ValueError, match=r"GRPOConfig\.sampler_rules: '.*mlp' matches no layer"):
+        grpo.make_train(SMALL.replace(sampler_rules=(fl.Rule(r".*mlp", "bf16"),)))  # not whole
+    shadowed = (fl.Rule(r".*", "bf16"), fl.Rule(r".*lm_head", None))
+    with pytest.raises(ValueError, match=r"GRPOConfig\.trainer_rules: '\.\*lm_head'"):
+        grpo.make_train(SMALL.replace(trainer_rules=shadowed))
+    grpo.make_train(SMALL.replace(sampler_rules=(fl.Rule(r".*mlp\..*", "bf16"),)))
+
+
 def _model(recipe) -> nnx.Module:
     model = Transformer(TINY, rngs=nnx.Rngs(0))
     fl.quantize_model(model, [fl.Rule(r".*", recipe)])

@@ -113,6 +113,11 @@ def test_config_errors_name_the_field(change, field):
         ppo.PPOConfig(**change)
 
 
+def test_a_rule_that_quantizes_nothing_is_an_error_naming_its_field():
+    with pytest.raises(ValueError, match=r"PPOConfig\.rules: 'actor' matches no layer"):
+        ppo.make_train(ppo.PPOConfig(rules=(fl.Rule(r"actor", "bf16"),)))
+
+
 def test_config_is_frozen_and_hashable():
     cfg = ppo.PPOConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):

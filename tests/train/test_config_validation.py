@@ -82,13 +82,15 @@ def test_a_rule_that_quantizes_nothing_is_an_error_before_anything_runs(scan):
     tiny = dict(d_model=16, n_heads=2, n_layers=2, d_ff=32, seq_len=8, vocab=16, steps=10)
     tiny |= dict(scan_layers=scan)
     part = Config(**tiny, rules=[(r"blocks\.0\.", "bf16")])  # not the whole path
-    with pytest.raises(ConfigError, match=r"blocks.*\.' matches no layer .*: blocks\.0\.attn\.key"):
+    with pytest.raises(
+        ConfigError, match=r"Config.rules: 'blocks.*\.' matches no layer .*: blocks\.0\.attn\.key"
+    ):
         make_train(part)
     shadowed = Config(**tiny, rules=[(r".*", "bf16"), ("lm_head", "fp8")])
     with pytest.raises(ConfigError, match="'lm_head' matches no layer .* an earlier rule takes"):
         make_train(shadowed)
     later = Config(**tiny, rules=[("lm_head", "bf16")], phases=[(5, {"rules": [("lm", "bf16")]})])
-    with pytest.raises(ConfigError, match=r"'lm' \(the phase from step 5\) matches no layer"):
+    with pytest.raises(ConfigError, match=r"phases \(from step 5\) rules: 'lm' matches no layer"):
         make_train(later)
     # whole paths pass, and the recipe's own rule for the rest may match nothing
     make_train(Config(**tiny, rules=[(r"blocks\.\d\..*", "bf16"), ("lm_head", "fp8")]))
