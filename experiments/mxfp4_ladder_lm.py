@@ -33,8 +33,9 @@ elements); outliers in the residual stream (the built-in LM has none: the compan
 rotation without the outliers it is meant for. Whether the paper's perplexity is measured under
 the FP4 forward or a high-precision one is not stated in what we have of it.
 
-Measured: the 64 runs' recorded wall times (each run's share of its vmapped batch of 4 seeds)
-sum to 28 min, run side by side with the companion on two cores.
+Measured: about 31 min of compute, run side by side with the companion on two cores: the 64
+runs' recorded wall times (each run's share of its vmapped batch of 4 seeds) sum to 28 min,
+the 8 compiles (one a cell, 6-28 s) to 3 min.
 
 Outcome: tokens to target per cell and the overhead against FP8 (`analysis.tokens_to_target`:
 the median over 8 seeds, its interval from order statistics, the overhead's by bootstrap; never

@@ -36,8 +36,9 @@ of this study read, at 0.045).
 What it cannot show: the paper's magnitudes (its GEMMs contract over thousands of elements, ours
 over 64 and 128), and outliers that training grew.
 
-Measured: the 64 runs' recorded wall times (each run's share of its vmapped batch of 4 seeds)
-sum to 29 min, run side by side with the companion on two cores.
+Measured: about 35 min of compute, run side by side with the companion on two cores: the 64
+runs' recorded wall times (each run's share of its vmapped batch of 4 seeds) sum to 29 min,
+the 8 compiles (one a cell, 13-61 s) to 6 min.
 
 What it gave (results/mxfp4_ladder_lm_outliers/, 8 seeds):
 - The outliers last where they start (flush.csv): all-MXFP4 flushes 43 % of the nonzero
