@@ -313,6 +313,8 @@ def retarget(runs: pd.DataFrame, metrics: pd.DataFrame, series: str = "loss") ->
 
 
 def _first_crossing(values: np.ndarray, target: float, window: int, tokens_per_step) -> float:
+    # the trainer's `fp4lab.train.summary.tokens_to_target`, which analysis may not import (it
+    # depends on schema alone); tests/analysis/test_retarget.py holds the two to the same bits
     if not np.isfinite(target) or len(values) < window:
         return np.nan
     smooth = np.convolve(values, np.ones(window) / window, mode="valid")  # steps i..i+window-1

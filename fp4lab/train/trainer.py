@@ -56,8 +56,7 @@ from flax import nnx
 from fp4lab.core import recipes
 from fp4lab.core.spec import QuantSpec
 from fp4lab.nnx import noise, telemetry
-from fp4lab.nnx.rules import Rule, quantize_model
-from fp4lab.nnx.rules import check_rules as rules_check
+from fp4lab.nnx.rules import Rule, check_rules, quantize_model
 from fp4lab.schema import SEED_LIMIT, STREAMS
 from fp4lab.train import divergence, loss_scaling
 from fp4lab.train.config import Config, ConfigError
@@ -68,7 +67,7 @@ __all__ = [
     "make_optimizer",
     "make_train",
     "phase_rules",
-    "check_rules",
+    "check_config_rules",
     "log_steps",
     "Carry",
 ]
@@ -131,13 +130,13 @@ def phase_rules(cfg: Config) -> list[tuple[int, int, list[Rule]]]:
     return out
 
 
-def check_rules(cfg: Config, task: Task) -> None:
-    """A rule of `cfg` that would quantize nothing is a mistake, not a no-op: ConfigError.
+def check_config_rules(task: Task, phases: list[tuple[int, int, list[Rule]]]) -> None:
+    """A rule that would quantize nothing is a mistake, not a no-op: ConfigError.
 
-    Each phase's rules are matched against the task's model as `quantize_model` matches them
-    (its shapes only, `nnx.eval_shape`, or the model itself where its constructor needs
-    values; `fp4lab.nnx.rules.check_rules`); the phase's recipe for everything else (its last
-    rule) may match nothing."""
+    Each phase's rules (`phase_rules`) are matched against the task's model as
+    `quantize_model` matches them (its shapes only, `nnx.eval_shape`, or the model itself where
+    its constructor needs values; `fp4lab.nnx.rules.check_rules`); the phase's recipe for
+    everything else (its last rule) may match nothing."""
 
     def build():
         return task.model(nnx.Rngs(params=jax.random.key(0)))
@@ -146,10 +145,10 @@ def check_rules(cfg: Config, task: Task) -> None:
         model = nnx.eval_shape(build)
     except Exception:  # a constructor that reads values: build it (its own errors surface)
         model = build()
-    for start, _, rules in phase_rules(cfg):
+    for start, _, rules in phases:
         what = f"Config.phases (from step {start}) rules" if start else "Config.rules"
         try:
-            rules_check(model, rules, what=what)
+            check_rules(model, rules, what=what)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
@@ -388,7 +387,7 @@ def make_train(
     task = make_task(cfg)
     tx = make_optimizer(cfg)
     phases = phase_rules(cfg)
-    check_rules(cfg, task)
+    check_config_rules(task, phases)
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"make_train: every={every!r}; must be an int >= 1")
     report = None

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from fp4lab import schema
+from fp4lab.train import make_train
 from fp4lab.train.config import Config, ConfigError, make
 
 
@@ -77,8 +78,6 @@ def test_check_number_and_did_you_mean():
 def test_a_rule_that_quantizes_nothing_is_an_error_before_anything_runs(scan):
     """A rule whose path matches no layer's whole dotted path, or only layers an earlier rule
     takes, would leave its cell mislabelled: make_train refuses it and lists the layers."""
-    from fp4lab.train import make_train
-
     tiny = dict(d_model=16, n_heads=2, n_layers=2, d_ff=32, seq_len=8, vocab=16, steps=10)
     tiny |= dict(scan_layers=scan)
     part = Config(**tiny, rules=[(r"blocks\.0\.", "bf16")])  # not the whole path
