@@ -21,7 +21,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 CORE = Path("fp4lab/core")
-SOURCES = ("operand_stats.cc", "threefry.cc", "progress.cc", "built_for.cc")
+SOURCES = ("operand_stats.cc", "quantize.cc", "threefry.cc", "progress.cc", "built_for.cc")
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-w", "-Wno-psabi"]
 
 

@@ -44,61 +44,34 @@ step) starts from empty caches, in rounds of every row; then the steps run in in
 rounds. Goals, on per-round ratios: nvfp4 first call <= 2.5x fp32's, step <= 1.3x. `--split`
 adds each row's trace, lower and compile seconds and the optimized program's size.
 
-    python benchmarks/step.py --model user --first-rounds 6 --reps 15 --split
+    python benchmarks/step.py --model user --first-rounds 4 --reps 15 --split
 
-Measured (2 shared CPUs, load average 4.8 at the start, 5.5 at the end; jax 0.10.2):
+The row "nvfp4 jnp quantizer" is the same nvfp4 model with its quantizers traced as the jnp
+reference (FP4LAB_QUANTIZER=reference) instead of the CPU kernel (`fp4lab.core.fused`): the
+two give the same bits; the rows compare their cost in one process.
 
-    row            median ms/step   median first call s   compile s (CPU s)   HLO instr.  fusions
-    fp32                1157               1.65               1.11 (0.70)          2,504      202
-    nvfp4               1625               8.31               9.52 (6.39)         45,365    1,005
-    fp32 scanned        1454               2.51               1.78 (1.21)          1,259      105
-    nvfp4 scanned       2176               7.37               8.17 (4.54)         12,768      345
+Measured (2 CPUs, load average 0.7 at the start, 1.5 at the end; jax 0.10.2):
 
-    first call 5.16x [4.10, 6.68] fp32's (6 rounds): NOT met
-    step 1.39x [1.26, 1.47] (15 rounds): not decided;  scanned: first call 3.10x, step 1.51x
-    a second run (load 5.0 -> 5.6): first call 5.40x [3.83, 5.72], step 1.39x [1.24, 1.42];
-    scanned 3.44x and 1.67x
-    on an idle machine (load 0.7; without --split): fp32 310 ms/step and 0.86 s first call,
-    nvfp4 428 ms and 5.46 s: first call 6.41x [5.16, 6.84], step 1.39x [1.32, 1.43], both NOT
-    met; scanned 3.78x and 1.54x
+    row                  median ms/step  median first call s  compile s (CPU s)  HLO instr.  fusions
+    fp32                      260.0            0.81              0.36 (0.59)         2,504       202
+    nvfp4                     392.3            1.31              0.69 (1.17)         4,385       406
+    fp32 scanned              316.4            1.00              0.56 (0.99)         1,259       105
+    nvfp4 scanned             470.7            1.47              0.81 (1.43)         1,888       166
+    nvfp4 jnp quantizer       380.5            4.35              3.67 (4.73)        45,365     1,005
 
-Where the nvfp4 first call goes (XLA's timers, TF_CPP_VMODULE=cpu_compiler=1,
-hlo_pass_pipeline=1,ir_compiler=1, one compile each at load about 5):
-- Not tracing (0.9 s, fp32 0.13 s): Fprop and the backward are jitted per (recipe, shapes)
-  (`fp4lab.ops.scaffold`) and the quantizer per (spec, shape), so the 12 GEMMs trace Fprop 3
-  times, the backward 3 times and 15 operand quantizers (11 distinct), as a scanned model
-  does, and the lowered program holds each once (107 functions, 433 calls).
-- XLA inlines every call before it optimizes, so its HLO passes see 12 copies: 45,365
-  instructions against 12,768 scanned. The passes took 4.6 s (fusion 1.95, copy insertion
-  0.88, call inliner 0.81, layout assignment 0.74, simplification 0.69, algebraic simplifier
-  0.45, flatten call graph 0.40), 1.3 s scanned, 0.04 s for fp32.
-- Code generation, 5.3 to 8.3 s, about the same scanned (7.7 s): XLA's CPU backend compiles
-  one kernel per distinct fusion (the 1,005 fusions are about 125 kernels). An NVFP4 quantizer
-  is 11 fusions (2 over the block amaxes, 4 scalars of the tensor scale, 4 per-block scale
-  kernels, the element pass), specialized to its shape: 3 GEMM shapes x 5 operands.
-So scanning removes the copies' pass time, not the quantizers' kernels: the scanned copy of
-this model is 3.1x fp32's first call too. For 2.5x, nvfp4's compile would have to fit in about
-2.5 s, less than the scanned program's 4.5 CPU s.
+    first call 1.62x fp32's (4 rounds): met;  step 1.51x [1.48, 1.54] (15 rounds): NOT met
+    jnp quantizer: first call 5.37x, step 1.46x; the kernel's step 1.03x the jnp quantizer's
 
-Tried and not kept (measured on the same model):
-- The scaffold's Fprop and backward as calls XLA does not inline (frontend attribute
-  inlineable="false"): XLA's call-graph flattening clones the callee at every call site, so
-  the program stays as large (47,398 instructions) and compiles as long (8.5 against 8.7 s);
-  results changed in their last bits and the step slowed (1.47x against 1.33x fp32's). With
-  the CPU backend's flatten-after-fusion option (set in XLA_FLAGS for the whole process, not
-  per program) the passes took 1.7 s instead of 4.6 s, code generation 7.6 s as before.
-- jnp.where without its nested jit (282 of the lowered program's 433 calls): 146 calls, the
-  same compile CPU seconds (6.3, 7.0, 6.0 against 6.7, 7.2, 6.3), the same bits.
-- Where the instructions come from (one compile each, idle cores, jax 0.10.2): the exact
-  arithmetic below 2**-126 of the scale chain (`fp4lab.core.tiny`) is half the program. With
-  its five functions replaced by the plain float expressions they make exact (wrong for scopes
-  below about 3e-35; a measurement, not a change): 22,541 instructions instead of 45,365, 943
-  fusions instead of 1,005, HLO passes 0.80 s instead of 2.0 s, code generation 1.23 s instead
-  of 1.59 s, compile 2.2 s instead of 3.8 s (fp32: 0.03 s, 0.32 s, 0.38 s). Even then the
-  compile alone is more than 2.5x fp32's whole first call (0.86 s above).
-What would move the first call: fewer kernels per quantizer (its scale chain in fewer
-fusions) in `fp4lab.core`, e.g. one CPU kernel per quantizer through the FFI as the operand
-statistics have, with the jnp path as its reference; sharing in `fp4lab.ops` does not reach XLA.
+Where the step goes (jax.profiler trace, thread-seconds per step, kernel path): the matmuls
+as fp32's; the quantizer calls about 74 ms (the jnp quantizer's fusions about as much); the
+16-point Hadamard butterflies of the Wgrad operands about 40 ms (jnp, both paths); copies
+into the kernel's row-major operands and the Wgrad transposes about 85 ms (the jnp path fuses
+most of them into its element pass). Rotating in the kernel too was tried and measured: the
+same step, and XLA contracts the butterflies' first additions into fused multiply-adds on
+CPUs with FMA, so the reference's rotation bits within 4x of 2**-126 are not a formula the
+kernel can follow; the rotation stays in jnp. For 1.3x the Hadamard and the layout copies
+would have to leave the step as well (a kernel that writes x_hat in the layout the GEMM
+reads, and rotates as XLA does); not done.
 """
 
 from __future__ import annotations
@@ -116,7 +89,12 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 from timing import goal_verdict, interleaved, round_ratios  # benchmarks/timing.py
-from user_model import compile_split, user_rows  # benchmarks/user_model.py
+from user_model import (  # benchmarks/user_model.py
+    REFERENCE,
+    compile_split,
+    reference_quantizer,
+    user_rows,
+)
 
 from fp4lab.models.transformer import Transformer, TransformerConfig
 from fp4lab.nnx import telemetry
@@ -132,7 +110,7 @@ RECIPES = ("bf16", "nvfp4", "nvfp4-rl", "mxfp4-h16")
 TELEMETRY = "nvfp4 +telemetry"
 SHADOW = "nvfp4 +telemetry +shadow"
 QWIX = "qwix nvfp4"
-ROWS = [*RECIPES, TELEMETRY, SHADOW, QWIX]  # timed besides fp32
+ROWS = [*RECIPES, REFERENCE, TELEMETRY, SHADOW, QWIX]  # timed besides fp32
 
 
 def loss_fn(model, tokens):
@@ -192,6 +170,17 @@ def build(cfg: TransformerConfig, tokens, qwix, wanted) -> dict:
         model = Transformer(cfg, rngs=nnx.Rngs(0))
         quantize_model(model, rules(name), key=jax.random.key(0))
         add(name, model, plain_step)
+    if REFERENCE in wanted:  # nvfp4, its quantizers traced as the jnp reference
+        model = Transformer(cfg, rngs=nnx.Rngs(0))
+        quantize_model(model, rules("nvfp4"), key=jax.random.key(0))
+        opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+        jitted = nnx.jit(plain_step)
+
+        def reference_step(*args):
+            with reference_quantizer():
+                return jitted(*args)
+
+        rows[REFERENCE] = (reference_step, model, opt)
     for name, step in ((TELEMETRY, telemetry_step), (SHADOW, shadow_step)):
         if name not in wanted:
             continue
@@ -276,6 +265,15 @@ def report_user(first: dict, ms: dict, best: dict, times: dict) -> None:
         print(f"  {statistics.median(fr):.2f}x -> {goal_verdict(fr, GOAL_USER_FIRST)}")
         print(f"goal: {tag} nvfp4 step <= {GOAL_USER_STEP}x fp32's")
         print(f"  {statistics.median(sr):.2f}x -> {goal_verdict(sr, GOAL_USER_STEP)}")
+    if REFERENCE in first:
+        fr = round_ratios(first[REFERENCE], first["fp32"])
+        sr = round_ratios(times[REFERENCE], times["fp32"])
+        kr = round_ratios(times["nvfp4"], times[REFERENCE])
+        print(
+            f"{REFERENCE} (unscanned, for comparison): first call {statistics.median(fr):.2f}x "
+            f"fp32's, step {statistics.median(sr):.2f}x; the kernel's step "
+            f"{statistics.median(kr):.2f}x the jnp quantizer's"
+        )
 
 
 def main_user(args) -> None:
@@ -425,6 +423,12 @@ def report(first: dict, ms: dict, best: dict, times: dict) -> None:
         print(f"  {median:.2f}x (median per-round ratio) -> {goal_verdict(ratios, goal)}")
     if QWIX in ms and "nvfp4" in ms:
         print(f"nvfp4 vs qwix nvfp4: {ms['nvfp4'] / ms[QWIX]:.2f}x qwix's step time")
+    if REFERENCE in times and "nvfp4" in times:
+        ratios = round_ratios(times["nvfp4"], times[REFERENCE])
+        print(
+            f"nvfp4 (quantizers as the CPU kernel) vs {REFERENCE}: step "
+            f"{statistics.median(ratios):.2f}x, first call {first['nvfp4'] / first[REFERENCE]:.2f}x"
+        )
 
 
 if __name__ == "__main__":

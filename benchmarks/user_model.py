@@ -6,6 +6,8 @@ Residual blocks of three nnx.Linear layers written as users write them, looped i
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 import jax
@@ -66,24 +68,51 @@ def user_step(model, opt, x_BxTxD, y_BxTxD):
     return value
 
 
+REFERENCE = "nvfp4 jnp quantizer"  # the row whose quantizers run the jnp reference
+
+
+@contextlib.contextmanager
+def reference_quantizer(on: bool = True):
+    """Quantizers traced inside run the jnp reference, not the CPU kernel (`fp4lab.core.fused`)."""
+    old = os.environ.get("FP4LAB_QUANTIZER")
+    if on:
+        os.environ["FP4LAB_QUANTIZER"] = "reference"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("FP4LAB_QUANTIZER", None)
+        else:
+            os.environ["FP4LAB_QUANTIZER"] = old
+
+
 def user_rows(d: int, h: int, depth: int) -> dict:
     """{row: function building (jitted step, model, optimizer)}: the user-style model in fp32
-    and with all its GEMMs NVFP4 (simulated), unscanned and scanned."""
+    and with all its GEMMs NVFP4 (simulated), unscanned and scanned, and unscanned NVFP4 with
+    the jnp reference quantizer (`REFERENCE`; its step traces with FP4LAB_QUANTIZER=reference)."""
 
-    def builder(recipe, scan):
+    def builder(recipe, scan, reference=False):
         def build():
             model = UserModel(d, h, depth, scan, rngs=nnx.Rngs(0))
             if recipe is not None:
                 quantize_model(model, [Rule(r".*", recipe)], key=jax.random.key(0))
-            return nnx.jit(user_step), model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+            jitted = nnx.jit(user_step)
+
+            def step(*args):
+                with reference_quantizer(reference):  # whenever it traces (again)
+                    return jitted(*args)
+
+            return step, model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
 
         return build
 
-    return {
+    rows = {
         f"{name}{' scanned' if scan else ''}": builder(recipe, scan)
         for scan in (False, True)
         for name, recipe in (("fp32", None), ("nvfp4", "nvfp4"))
     }
+    rows[REFERENCE] = builder("nvfp4", False, reference=True)
+    return rows
 
 
 def compile_split(builders: dict, batch) -> None:
@@ -104,7 +133,8 @@ def compile_split(builders: dict, batch) -> None:
             return loss, nnx.state((model, opt))
 
         t0 = time.perf_counter()
-        traced = jax.jit(pure).trace(state, *batch)
+        with reference_quantizer(name == REFERENCE):
+            traced = jax.jit(pure).trace(state, *batch)
         t1 = time.perf_counter()
         lowered = traced.lower()
         t2, c2 = time.perf_counter(), time.process_time()

@@ -1,5 +1,8 @@
 """CPU kernels of the numerics: C++ built at install (or on first use), called through XLA's FFI.
 
+    quantize.cc        x_hat of the block-scaled quantizers in one call (`fp4lab.core.fused`):
+                       a few kernels' worth of program instead of a dozen fusions, specialized
+                       to their shape, per operand for XLA to compile
     operand_stats.cc   the telemetry's statistics of one quantized operand in one pass over
                        x and the grid values, x_hat computed on the way from the block and
                        outer scales (`fp4lab.core.stats`, method "fused")
@@ -59,6 +62,7 @@ __all__ = [
     "build_error",
     "library",
     "block_stats",
+    "quantize_blocks",
     "threefry",
     "report_step",
     "take_reports",
@@ -67,13 +71,21 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("operand_stats.cc")  # the statistics kernel's C++ source
-_NAMES = ("operand_stats.cc", "threefry.cc", "progress.cc", "built_for.cc")  # as in setup.py
+_NAMES = (
+    "operand_stats.cc",
+    "quantize.cc",
+    "threefry.cc",
+    "progress.cc",
+    "built_for.cc",
+)  # as in setup.py
 SOURCES = tuple(Path(__file__).with_name(name) for name in _NAMES)  # built into one library
 _TARGET = "fp4lab_operand_stats"
 _THREEFRY = "fp4lab_threefry"
 _PROGRESS = "fp4lab_progress"
+_QUANTIZE = "fp4lab_quantize"
 TARGETS = (
     _TARGET,
+    _QUANTIZE,
     _THREEFRY,
     _PROGRESS,
 )  # the FFI targets the kernels register (what a program may call)
@@ -248,6 +260,32 @@ def block_stats(
         )
     )  # statistics are measurements: nothing differentiates through them
     return call(*args, pa=pa, t1=t1, nb=b, t2=t2, vmax=np.float32(vmax))
+
+
+def quantize_blocks(
+    xb: jax.Array, key: jax.Array, amax: jax.Array, **attrs: int | np.float32
+) -> jax.Array:
+    """x_hat of a blocked operand (quantize.cc; `fp4lab.core.fused` builds the arguments).
+
+    Args:
+      xb: float32 (..., A, t1, B, t2), the quantizer's blocked view; blocks span t1 and t2.
+      key: uint32 (2,), the stochastic rounding key's words (read when attrs["sr"]).
+      amax: float32 (1,), a given tensor amax (read when attrs["given"]).
+      attrs: the kernel's attributes but the view's sizes (rule, scope, given, sr, stream,
+        kmin, mbits, emax, vmax, inv_max).
+    Vmapped calls run the kernel once over the stacked batch, each member on its own.
+    Raises:
+      RuntimeError: the kernels cannot be built here (`build_error`).
+    """
+    if not available():
+        raise RuntimeError(f"fp4lab's CPU kernels are not available: {build_error()}")
+    *_, a, t1, b, t2 = xb.shape
+    call = jax.ffi.ffi_call(
+        _QUANTIZE, jax.ShapeDtypeStruct(xb.shape, jnp.float32), vmap_method="broadcast_all"
+    )
+    args = jax.lax.stop_gradient((xb.astype(jnp.float32), key, amax))
+    sizes = dict(pa=a, t1=t1, nb=b, t2=t2, unb=xb.size)
+    return call(*args, **sizes, **attrs)
 
 
 def threefry(keys: jax.Array, counts: jax.Array) -> jax.Array:

@@ -43,7 +43,7 @@ from jax import lax
 
 from fp4lab.core import cpu_kernels
 
-__all__ = ["threefry2x32", "random_bits", "fold_in", "split"]
+__all__ = ["threefry2x32", "random_bits", "stream_words", "fold_in", "split"]
 
 _U32 = np.uint32
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -120,6 +120,17 @@ def random_bits(key: jax.Array, shape: tuple, index: jax.Array | None = None) ->
     i = lax.iota(jnp.uint32, n).reshape(shape) if index is None else index
     y0, y1 = threefry2x32(k0, k1, lax.full(shape, 0, jnp.uint32), i)
     return lax.bitwise_xor(y0, y1)
+
+
+def stream_words(key) -> jax.Array | None:
+    """The key words (uint32 (2,)) whose Threefry stream `random_bits(key, ...)` draws, or None
+    where it calls jax.random instead (no key, another implementation, the older layout)."""
+    if key is None:
+        return None
+    words = _key_words(key)
+    if words is None or not _partitionable():
+        return None
+    return jnp.stack(words[:2])
 
 
 def fold_in(key: jax.Array, data) -> jax.Array:

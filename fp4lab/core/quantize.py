@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4lab.core import formats, hadamard, layout, prng, scaling, tiny
+from fp4lab.core import formats, fused, hadamard, layout, prng, scaling, tiny
 from fp4lab.core.spec import QuantSpec
 
 __all__ = [
@@ -243,17 +243,15 @@ def restore_view(xhat_b, spec: QuantSpec, shape, dtype, transform_key, rotated, 
     return restore(scaling.unblock(xhat_b), spec, shape, dtype, transform_key, rotated)
 
 
-def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax, *, in_place: bool):
-    """`quantize_blocks`, and the in-place view's sizes (`layout.in_place_view`) when
-    `in_place` allows it (then xb is the in-place blocked view; `layout.restore_in_place`
-    undoes it), else None."""
+def _blocked(x, spec: QuantSpec, key, transform_key, in_place: bool):
+    """The quantizer's input, checked, prepared and rotated, in its blocked view: (xb, rounding
+    key, transform key, in-place view sizes or None, stream index or None)."""
     _check_spec(spec)
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"quantize needs a floating-point array, got {x.dtype}")
     if x.size == 0:
         raise ValueError(f"quantize got an empty array of shape {tuple(x.shape)}: nothing to scale")
-    _check_amax(amax)
     k_round, k_t = _split(key, spec, transform_key)
     if transform_key is None:
         transform_key = k_t
@@ -272,6 +270,16 @@ def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax, *, in_place: 
         xb = xi.reshape(p, n // tx, tx, q // ty, ty)
         if spec.rounding == "stochastic":
             index = layout.stream_index(xb.shape, n, q)
+    return xb, k_round, transform_key, view, index
+
+
+def _quantize_blocks(x, spec: QuantSpec, key, transform_key, amax, *, in_place: bool):
+    """`quantize_blocks`, and the in-place view's sizes (`layout.in_place_view`) when
+    `in_place` allows it (then xb is the in-place blocked view; `layout.restore_in_place`
+    undoes it), else None."""
+    _check_spec(spec)
+    _check_amax(amax)
+    xb, k_round, transform_key, view, index = _blocked(x, spec, key, transform_key, in_place)
     fmt = formats.get_format(spec.elem)
     if fmt.kind == "cast":
         one = jnp.ones((1,) * xb.ndim, jnp.float32)
@@ -360,7 +368,8 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
 
     The same values as `quantize(...).dequantize(rotated=rotated)`, computed from the element
     grid values without encoding them to codes and decoding them back, and, along an axis
-    that is not last, without moving it (`layout.in_place_view`).
+    that is not last, without moving it (`layout.in_place_view`). On the CPU backend the
+    block-scaled rules run as one kernel call (`fp4lab.core.fused`), with the same bits.
 
     Jitted per (shape, dtype, spec, rotated): inside a larger program, operands of the same
     shape and spec (a block's q, k and v projections) share one trace and one lowering, and
@@ -370,11 +379,16 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
     """
     _check_spec(spec)
     _check_amax(amax)  # a concrete amax, before jit turns it into a tracer
-    return _quantize_dequantize(x, spec, key, transform_key, amax, rotated)
+    return _quantize_dequantize(x, spec, key, transform_key, amax, rotated, fused.enabled())
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "rotated"))
-def _quantize_dequantize(x, spec, key, transform_key, amax, rotated):
+@functools.partial(jax.jit, static_argnames=("spec", "rotated", "kernel"))
+def _quantize_dequantize(x, spec, key, transform_key, amax, rotated, kernel):
+    x = jnp.asarray(x)
+    if kernel and fused.supports(spec, key, amax) and x.size < 2**32:
+        xb, k_round, transform_key, view, _ = _blocked(x, spec, key, transform_key, True)
+        xhat_b = fused.dequantized_blocks(xb, spec, k_round, amax, in_place=view is not None)
+        return restore_view(xhat_b, spec, x.shape, x.dtype, transform_key, rotated, view)
     return dequantized_view(x, spec, key, transform_key, amax, rotated)[0]
 
 
@@ -449,11 +463,12 @@ def fake_quant(
         return x
     _check_spec(spec)
     _check_amax(amax)  # a concrete amax, before jit turns it into a tracer
-    return _fake_quant(x, spec, key, transform_key, amax, rotated)
+    return _fake_quant(x, spec, key, transform_key, amax, rotated, fused.enabled())
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "rotated"))
-def _fake_quant(x, spec, key, transform_key, amax, rotated):
+@functools.partial(jax.jit, static_argnames=("spec", "rotated", "kernel"))
+def _fake_quant(x, spec, key, transform_key, amax, rotated, kernel):
+    del kernel  # keys the trace: quantize_dequantize inside reads `fused.enabled()` itself
     if transform_key is None:
         transform_key = _split(key, spec)[1]
     else:

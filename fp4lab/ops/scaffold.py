@@ -18,37 +18,44 @@ import functools
 
 import jax
 
+from fp4lab.core import fused
+
 __all__ = ["apply"]
 
 
-def _forward(gemm, lhs, rhs, aux):
+# `kernel` (`fused.enabled()` when the op is traced) only keys the traces: the quantizers
+# inside read it themselves, and a trace kept from before FP4LAB_QUANTIZER changed would
+# otherwise hold the other quantizer.
+def _forward(gemm, kernel, lhs, rhs, aux):
+    del kernel
     return gemm.forward_saving(lhs, rhs, aux)
 
 
-def _grads(gemm, lhs, rhs, g, aux, saved):
+def _grads(gemm, kernel, lhs, rhs, g, aux, saved):
+    del kernel
     return gemm.grads(lhs, rhs, g, aux, saved)
 
 
-_forward = jax.jit(_forward, static_argnums=0)
-_grads = jax.jit(_grads, static_argnums=0)
+_forward = jax.jit(_forward, static_argnums=(0, 1))
+_grads = jax.jit(_grads, static_argnums=(0, 1))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _vjp(gemm, lhs, rhs, aux, probe):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _vjp(gemm, kernel, lhs, rhs, aux, probe):
     del probe
-    return _forward(gemm, lhs, rhs, aux)[0]  # one trace with the forward rule's; XLA drops the rest
+    return _forward(gemm, kernel, lhs, rhs, aux)[0]  # one trace with the forward rule's
 
 
-def _vjp_fwd(gemm, lhs, rhs, aux, probe):
+def _vjp_fwd(gemm, kernel, lhs, rhs, aux, probe):
     del probe
-    y, saved = _forward(gemm, lhs, rhs, aux)
+    y, saved = _forward(gemm, kernel, lhs, rhs, aux)
     return y, (lhs, rhs, aux, saved)
 
 
-def _vjp_bwd(gemm, res, cotangent):
+def _vjp_bwd(gemm, kernel, res, cotangent):
     lhs, rhs, aux, saved = res
     g = cotangent[0] if gemm.telemetry else cotangent
-    dx, dw, stats = _grads(gemm, lhs, rhs, g, aux, saved)
+    dx, dw, stats = _grads(gemm, kernel, lhs, rhs, g, aux, saved)
     return dx, dw, None, stats
 
 
@@ -70,4 +77,4 @@ def apply(gemm, lhs, rhs, aux, probe=None):
     """
     if gemm.telemetry != (probe is not None):
         raise ValueError("apply: pass a probe exactly when gemm.telemetry is True")
-    return _vjp(gemm, lhs, rhs, aux, probe)
+    return _vjp(gemm, fused.enabled(), lhs, rhs, aux, probe)

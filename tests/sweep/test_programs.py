@@ -89,7 +89,8 @@ def test_a_cell_from_its_stored_program_is_bit_identical(tmp_path, monkeypatch):
     stored = compute.compute_cell(CFG.to_dict(), SEEDS)  # traced, exported, stored
     (path,) = tmp_path.iterdir()
     head = json.loads(path.read_bytes().partition(b"\n")[0])
-    called = ["fp4lab_operand_stats", "fp4lab_threefry"]  # telemetry and the quantizers' keys
+    # telemetry, the quantizers (untelemetered GEMMs) and their keys
+    called = ["fp4lab_operand_stats", "fp4lab_quantize", "fp4lab_threefry"]
     assert head["kernels"] == (called if cpu_kernels.available() else [])
     made = path.stat().st_mtime_ns, path.stat().st_ino
     compute.clear_cache(CFG)

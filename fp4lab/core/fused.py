@@ -1,0 +1,109 @@
+"""The quantizer as one CPU kernel call: x_hat of `quantize_dequantize` where the kernel has it.
+
+XLA compiles the reference quantizer (`fp4lab.core.scaling`, written in jnp) into about a
+dozen fusions per operand shape: the block and tensor amaxes, the scalar chain of the outer
+scale, the per-block scales and the element pass, and, below 2**-126, the exact arithmetic of
+`fp4lab.core.tiny`. A model that is not scanned holds one copy per GEMM operand, and most of
+its first call is XLA compiling them (`benchmarks/step.py --model user`). On the CPU backend
+the same x_hat comes from one call of the C++ kernel of `fp4lab.core.cpu_kernels`
+(quantize.cc), bit for bit: the same float32 operations in the same order, in XLA's own
+floating-point environment (tests/core/test_fused.py holds the two paths to the same bits over
+every rule, format, tile, scope, rounding and the inputs at the edges of the range).
+
+The kernel takes the block-scaled rules without a search across elements:
+
+    block_scale "e4m3", convention "te", no four-over-six   NVFP4, outer "none" / "tensor" /
+                                                             "row" (a given amax: "tensor")
+    block_scale "e8m0"                                       MX, scale_rounding floor / ceil
+
+over the float element formats (E2M1, E2M3, E3M2, E4M3, E5M2), RNE or stochastic rounding
+(the threefry stream of `fp4lab.core.prng`, drawn in the kernel). A Hadamard rotation stays
+in jnp, before the kernel: at XLA's default optimization its butterflies' first additions may
+be contracted with the products before them into fused multiply-adds (LLVM's choice, on CPUs
+with FMA), which keeps contributions below 2**-126 that the written operations would flush,
+so the rotation's bits for values within 4x of 2**-126 are XLA's, not a formula a kernel
+could follow. (Rotating in the kernel was measured: the same step time, a faster compile.)
+Everything else, and every backend but the CPU, runs the reference. FP4LAB_QUANTIZER=reference
+in the environment makes the quantizers traced from then on run the reference; `enabled()`
+says which, and keys the traces fp4lab keeps (the ops' and fake_quant's), so a program traced
+after the change holds the other quantizer. A program already compiled keeps its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp4lab.core import cpu_kernels, formats, prng
+from fp4lab.core.spec import QuantSpec
+
+__all__ = ["enabled", "supports", "dequantized_blocks"]
+
+_RULES = {"e4m3": 0, ("e8m0", "floor"): 1, ("e8m0", "ceil"): 2}
+_SCOPES = {"none": 0, "tensor": 1, "row": 2}
+
+
+def enabled() -> bool:
+    """Whether quantizers traced now may run as the kernel: the CPU backend, the kernels built,
+    and FP4LAB_QUANTIZER not "reference"."""
+    if os.environ.get("FP4LAB_QUANTIZER", "") == "reference":
+        return False
+    return jax.default_backend() == "cpu" and cpu_kernels.available()
+
+
+def supports(spec: QuantSpec, key, amax) -> bool:
+    """Whether the kernel computes `spec` (see the module docstring); `key` and `amax` as
+    `quantize_dequantize` takes them (a stochastic key must be a Threefry key whose bits
+    `prng.random_bits` draws itself)."""
+    fmt = formats.get_format(spec.elem)
+    if fmt.kind != "float" or spec.tile is None:
+        return False
+    if spec.block_scale == "e4m3":
+        if spec.convention != "te" or spec.four_over_six is not None:
+            return False
+    elif spec.block_scale != "e8m0":
+        return False
+    if amax is not None and (spec.outer == "row" or np.size(amax) != 1):
+        return False  # the reference reads (or rejects) one amax per row
+    return spec.rounding == "rne" or prng.stream_words(key) is not None
+
+
+def dequantized_blocks(xb: jax.Array, spec: QuantSpec, key, amax, *, in_place: bool):
+    """x_hat of the blocked view xb (`quantize.quantize_view`'s, rotated, float32), as
+    `quantize.dequantize_blocks` computes it from the reference's scales.
+
+    Args:
+      xb: (..., A, t1, B, t2), the moved layout's view, or with `in_place` the in-place view
+        (P, L/tx, tx, Q/ty, ty) of `fp4lab.core.layout`.
+      spec: a spec the kernel `supports`.
+      key: the rounding key (the first of `prng.split`), for stochastic rounding.
+      amax: a given scope amax (delayed scaling), or None.
+    """
+    fmt = formats.get_format(spec.elem)
+    sr = spec.rounding == "stochastic"
+    words = prng.stream_words(key) if sr else None
+    words = jnp.zeros(2, jnp.uint32) if words is None else words
+    given = amax is not None and spec.outer != "none"
+    a = jnp.asarray(amax, jnp.float32).reshape(1) if given else jnp.zeros(1, jnp.float32)
+    if spec.block_scale == "e4m3":
+        rule = _RULES["e4m3"]
+    else:
+        rule = _RULES[("e8m0", spec.scale_rounding)]
+    return cpu_kernels.quantize_blocks(
+        xb,
+        words,
+        a,
+        rule=rule,
+        scope=_SCOPES[spec.outer] if spec.block_scale == "e4m3" else 0,
+        given=int(given),
+        sr=int(sr),
+        stream=int(in_place),
+        kmin=fmt.emin + 127,
+        mbits=fmt.mbits,
+        emax=fmt.emax,
+        vmax=np.float32(fmt.max),
+        inv_max=np.float32(1.0) / np.float32(fmt.max),
+    )

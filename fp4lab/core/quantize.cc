@@ -1,0 +1,475 @@
+// Quantize-dequantize of one operand in one call: x_hat of fp4lab.core.quantize
+// .quantize_dequantize for the block-scaled rules of fp4lab.core.scaling that carry no
+// cross-element search (NVFP4 "te" without four-over-six, MX "floor" and "ceil"), called
+// through XLA's FFI (fp4lab.core.cpu_kernels builds this file; fp4lab.core.fused decides when).
+//
+// Input x, float32, the quantizer's blocked view, one group after another: pa block rows of t1
+// rows of nb * t2 elements, where block (r, b) holds elements b*t2 .. b*t2 + t2 - 1 of rows
+// r*t1 .. r*t1 + t1 - 1 (the view's block axes are its third and first from the end); `unb`
+// elements make one call of the unbatched program (a vmapped call stacks calls in front). Also
+// per call: the stochastic rounding key words (uint32, 2) and a given tensor amax (float32, 1),
+// read only when `sr` and `given` say so. Output: x_hat in the same view, float32.
+//
+// Every value is the reference's bit for bit (the tests hold the two paths to the same bits):
+// the same float32 operations in the same order, in the floating-point environment of XLA's
+// own CPU code (round to nearest even, flush-to-zero, denormals-are-zero), which this kernel
+// sets on every thread for the call; the few steps the reference computes exactly below
+// 2**-126 (fp4lab.core.tiny: the reciprocal of S_enc, s_b * S_dec, amax / max) are computed
+// here from the bits in double precision, where they are exact or singly rounded:
+//
+//   block amax   max of |x|'s bits, NaN read as +inf (scaling._amax)
+//   scope amax   per call ("tensor"), per block row ("row"), or the given one
+//   NVFP4 "te"   S_enc = min(2688 / amax_scope, FLT_MAX) (1 where 0), S_dec = RN(1 / S_enc)
+//                s_b = e4m3(min(amax_b * (S_enc * (1 / max_elem)), FLT_MAX))
+//                e_b = min(1 / (s_b * S_dec), FLT_MAX), through RN(s_b * S_dec) * 2**64 for
+//                S_dec < 2**-60;  q = elem(x * e_b)
+//   MX           e = floor(log2 amax_b) - emax_elem, or ceil(log2 RN(amax_b / max_elem)),
+//                clamped; q = elem(x * 2**-e), scale 2**e
+//   x_hat        ((q * 1/2) * (2 s_b)) * S_dec', the factors of tiny.dequantize_factors
+//
+// Stochastic rounding draws element i's bits as fp4lab.core.prng.random_bits does: y0 ^ y1 of
+// threefry2x32(key, (0, c)), c the element's position in the moved layout (`stream` 0: its
+// position in the view; 1: the in-place view (P, L/tx, tx, Q/ty, ty) of layout.stream_index).
+// The work is shared with XLA's thread pool in parts of whole block rows; every element's value
+// depends on its block and scope only, so the number of threads never changes a bit.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define FP4LAB_Q_CSR 1
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr float kFltMax = 3.40282346638528859812e+38f;
+constexpr uint32_t kAbs = 0x7fffffffu, kInf = 0x7f800000u, kSign = 0x80000000u;
+
+inline float F(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+inline uint32_t U(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+inline float Nan() { return F(0x7fc00000u); }
+// XLA's min: NaN if either operand is NaN
+inline float Min(float a, float b) { return (a != a || b != b) ? Nan() : (b < a ? b : a); }
+inline bool BelowNormal(float v) { return std::fabs(v) < 0x1p-126f; }  // tiny.below_normal
+
+// |v| = n * 2**e exactly, from the bits (subnormals too): tiny._significand, as a double
+inline double Exact(float v) {
+  const uint32_t b = U(v) & kAbs;
+  const uint32_t field = b >> 23, mant = b & 0x7fffffu;
+  return field == 0 ? std::ldexp(double(mant), -149) : std::ldexp(double(mant | 0x800000u), int(field) - 150);
+}
+
+// RN(p) as float32 with gradual underflow, for 0 <= p below FLT_MAX, p a double: the float
+// bits built from the integer quantum count below 2**-126 (a conversion would flush there)
+inline float RoundToFloat(double p) {
+  if (p >= 0x1p-126) return static_cast<float>(p);
+  return F(static_cast<uint32_t>(std::nearbyint(p * 0x1p149)));  // m * 2**-149, m <= 2**23
+}
+
+// tiny.reciprocal: RN(1 / s) for finite s > 0, subnormal for s > 2**126
+inline float Reciprocal(float s) {
+  if (s > 0x1p126f && s <= kFltMax) return RoundToFloat(1.0 / double(s));
+  return 1.0f / s;
+}
+
+// tiny.product_up: RN(s * d) * 2**64, s an E4M3 value >= 0, d >= 0 (subnormal read from bits)
+inline float ProductUp(float s, float d) {
+  if (s != s || d != d) return Nan();
+  const double p = double(s) * Exact(d);  // exact: 4 and 24 significant bits
+  if (p >= 0x1p-126) return static_cast<float>(p * 0x1p64);
+  return static_cast<float>(std::nearbyint(p * 0x1p149)) * 0x1p-85f;
+}
+
+// formats.exponent: floor(log2 a) for a > 0 from the bits (subnormals included; inf/NaN: 128)
+inline int32_t Exponent(float a) {
+  const uint32_t b = U(a);
+  const int32_t field = (b >> 23) & 0xff, mant = b & 0x7fffff;
+  if (field != 0) return field - 127;
+  return (31 - __builtin_clz(std::max(mant, 1))) - 149;
+}
+
+// formats.pow2: 2**e for e in [-149, 127], from the bits
+inline float Pow2(int32_t e) {
+  if (e >= -126) return F(uint32_t(std::min(e, 127) + 127) << 23);
+  return F(uint32_t(1) << std::max(0, std::min(e + 149, 22)));
+}
+
+// formats.round_pow2(x, "ceil") then formats.exponent: the E8M0 exponent of RCEIL
+inline int32_t CeilExponent(float x) {
+  const uint32_t b = U(x);
+  const int32_t bits = int32_t(b);
+  const bool positive = bits > 0 && bits < int32_t(kInf);
+  if ((b & kAbs) >= kInf) return 128;  // round_pow2 gives NaN, whose exponent field is 255
+  if (!positive) return -127;
+  int32_t e = Exponent(x);
+  const uint32_t mant = b & 0x7fffffu;
+  uint32_t frac = mant;
+  if ((b & kInf) == 0) {
+    const int32_t top = 31 - __builtin_clz(std::max<uint32_t>(mant, 1));
+    frac = (mant << (23 - top)) & 0x7fffffu;
+  }
+  if (frac != 0) e += 1;
+  return std::max(-127, std::min(e, 127));
+}
+
+// tiny.divide for d a positive constant: RN(a / d), subnormal results included
+inline float Divide(float a, float d) {
+  if (a < d * 0x1p-126f) return RoundToFloat(Exact(a) / double(d));
+  return a / d;
+}
+
+// The Threefry-2x32 hash of the counter (0, c): prng.random_bits' y0 ^ y1
+inline uint32_t Rotl(uint32_t v, int r) { return (v << r) | (v >> (32 - r)); }
+inline uint32_t Bits(uint32_t k0, uint32_t k1, uint32_t k2, uint32_t c) {
+  uint32_t x0 = k0, x1 = c + k1;
+  const uint32_t ks[3] = {k0, k1, k2};
+#define FP4LAB_ROUND(r) \
+  x0 += x1;             \
+  x1 = Rotl(x1, r) ^ x0;
+#define FP4LAB_GROUP(a, b, c, d, g)              \
+  FP4LAB_ROUND(a) FP4LAB_ROUND(b) FP4LAB_ROUND(c) \
+  FP4LAB_ROUND(d) x0 += ks[(g + 1) % 3];          \
+  x1 += ks[(g + 2) % 3] + uint32_t(g + 1);
+  FP4LAB_GROUP(13, 15, 26, 6, 0)
+  FP4LAB_GROUP(17, 29, 16, 24, 1)
+  FP4LAB_GROUP(13, 15, 26, 6, 2)
+  FP4LAB_GROUP(17, 29, 16, 24, 3)
+  FP4LAB_GROUP(13, 15, 26, 6, 4)
+#undef FP4LAB_GROUP
+#undef FP4LAB_ROUND
+  return x0 ^ x1;
+}
+
+// The element format: kmin the biased exponent of its smallest normal binade, mbits, max.
+struct Elem {
+  int32_t kmin, mbits;
+  float vmax;
+};
+
+// formats.round_to_format of v onto the element grid, RNE or with the random bits `bits`.
+// y = |v| / quantum lies in [0, 2**(mbits + 2)): (y + 2**23) - 2**23 is y rounded to the nearest
+// integer, ties to even, as lax.round's RNE and std::nearbyint give it, without a library call.
+template <bool SR>
+inline float Round(float v, const Elem& f, uint32_t bits) {
+  const float av = F(U(v) & kAbs);
+  const float a = av < f.vmax ? av : f.vmax;  // NaN: set again at the end
+  const int32_t field = int32_t(U(a) >> 23) & 0xff;
+  const int32_t k = std::max(field, f.kmin) - f.mbits;
+  const float q = F(uint32_t(k) << 23), inv = F(uint32_t(254 - k) << 23);
+  const float y = a * inv;
+  const float t = (y + 0x1p23f) - 0x1p23f;
+  float r;
+  if (SR) {
+    const float lo = t > y ? t - 1.0f : t;  // floor(y)
+    const float u = float(bits >> 8) * 0x1p-24f;
+    r = lo + (u < y - lo ? 1.0f : 0.0f);
+  } else {
+    r = t;
+  }
+  const float out = F(U(r * q) | (U(v) & kSign));
+  return v != v ? Nan() : out;
+}
+
+enum Rule : int64_t { kTe = 0, kMxFloor = 1, kMxCeil = 2 };
+enum Scope : int64_t { kNone = 0, kTensor = 1, kRow = 2 };
+
+// What one scope contributes to its blocks' arithmetic.
+struct ScopeTerms {
+  float t = 1.0f;      // S_enc * (1 / max_elem) (NVFP4), unused by MX
+  float s_dec = 1.0f;  // S_dec
+  float outer = 1.0f;  // x_hat's last factor: S_dec (lifted by 2**64 where subnormal) or NaN
+  float down = 1.0f;   // 2**-64 where S_dec was lifted
+};
+
+struct Params {
+  int64_t pa, t1, nb, t2, unb, rule, scope, given, sr, stream, emax;
+  Elem elem;
+  float inv_max;
+};
+
+ScopeTerms TeScope(float amax_scope, bool has_scope, float inv_max) {
+  ScopeTerms s;
+  s.t = inv_max;  // S_enc = 1 without a scope
+  if (!has_scope) return s;
+  float s_enc = Min(2688.0f / amax_scope, kFltMax);
+  if (s_enc == 0.0f) s_enc = 1.0f;
+  s.s_dec = Reciprocal(s_enc);
+  s.t = s_enc * inv_max;
+  const float outer = (U(amax_scope) & kAbs) < kInf ? s.s_dec : Nan();  // finite scope
+  if (BelowNormal(outer)) {
+    s.outer = static_cast<float>(Exact(outer) * 0x1p64);  // tiny.lift: exact
+    s.down = 0x1p-64f;
+  } else {
+    s.outer = outer;
+  }
+  return s;
+}
+
+// x's block (r, b) multiplier and x_hat's scale factor (2 * scale, read from the bits below
+// 2**-126, times `down`), from the block's amax bits
+inline void BlockTerms(const Params& p, const ScopeTerms& s, uint32_t bmax, float* mul,
+                       float* scale2) {
+  const float amax_b = F(bmax);
+  const bool finite = bmax < kInf;
+  float scale;
+  if (p.rule == kTe) {
+    const float v = Min(amax_b * s.t, kFltMax);
+    // formats.round_scale onto E4M3 (emin -6, 3 mantissa bits, max 448)
+    const float a = Min(std::fabs(v), 448.0f);
+    const int32_t field = int32_t(U(a) >> 23) & 0xff;
+    const int32_t k = std::max(field, -6 + 127) - 3;
+    const float inv = F(uint32_t(254 - k) << 23);
+    const float r = std::nearbyint(a * inv);
+    const float s_b = r / inv;
+    scale = (finite ? r : Nan()) / inv;
+    const float plain = Min(1.0f / (s_b * s.s_dec), kFltMax);
+    *mul = s.s_dec < 0x1p-60f ? Min((1.0f / ProductUp(s_b, s.s_dec)) * 0x1p64f, kFltMax) : plain;
+  } else {
+    int32_t e;
+    if (p.rule == kMxFloor) {
+      e = Exponent(amax_b > 0.0f ? amax_b : 1.0f) - int32_t(p.emax);
+      e = amax_b > 0.0f ? std::max(-127, std::min(e, 127)) : -127;
+    } else {
+      e = CeilExponent(Divide(amax_b, p.elem.vmax));
+    }
+    e = std::min(e, 127 - int32_t(p.emax));
+    *mul = Pow2(-e);
+    scale = finite ? Pow2(e) : Nan();
+  }
+  const uint32_t b = U(scale);
+  const float doubled = BelowNormal(scale) ? F(((b & kAbs) << 1) | (b & kSign)) : scale * 2.0f;
+  *scale2 = doubled * s.down;
+}
+
+// Runs fn(i) for i in [0, n) on the calling thread and the pool's, each thread in XLA's float
+// environment; returns when all are done. A helper that starts late finds nothing to take.
+struct Shared {
+  std::function<void(int64_t)> fn;
+  int64_t n = 0;
+  unsigned csr = 0;
+  std::atomic<int64_t> next{0}, done{0};
+  std::mutex mutex;
+  std::condition_variable finished;
+  void Run() {
+#ifdef FP4LAB_Q_CSR
+    const unsigned own = _mm_getcsr();
+    _mm_setcsr(csr);
+#endif
+    for (int64_t i; (i = next.fetch_add(1)) < n;) {
+      fn(i);
+      if (done.fetch_add(1) + 1 == n) {
+        std::lock_guard<std::mutex> lock(mutex);
+        finished.notify_all();
+      }
+    }
+#ifdef FP4LAB_Q_CSR
+    _mm_setcsr(own);
+#endif
+  }
+};
+
+void ParallelFor(ffi::ThreadPool& pool, int64_t n, std::function<void(int64_t)> fn) {
+  if (n <= 0) return;
+  auto shared = std::make_shared<Shared>();
+  shared->fn = std::move(fn);
+  shared->n = n;
+#ifdef FP4LAB_Q_CSR
+  // round to nearest even, flush-to-zero (bit 15), denormals-are-zero (bit 6), as XLA's code
+  shared->csr = (_mm_getcsr() & ~0x6000u) | 0x8040u;
+#endif
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n - 1);
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([shared] { shared->Run(); });
+  shared->Run();
+  std::unique_lock<std::mutex> lock(shared->mutex);
+  shared->finished.wait(lock, [&] { return shared->done.load() == shared->n; });
+}
+
+// The per-CPU copies of the element loops, picked at load time (as operand_stats.cc's).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FP4LAB_Q_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FP4LAB_Q_CLONES
+#endif
+
+// The block amaxes (bits) of block rows u0 .. u1 - 1 (over all calls and groups)
+FP4LAB_Q_CLONES void BlockMax(const float* X, uint32_t* M, const Params& p, int64_t u0, int64_t u1) {
+  const int64_t row = p.nb * p.t2;
+  for (int64_t u = u0; u < u1; ++u) {
+    uint32_t* m = M + u * p.nb;
+    std::fill(m, m + p.nb, 0u);
+    for (int64_t i = 0; i < p.t1; ++i) {
+      const float* x = X + (u * p.t1 + i) * row;
+      if (p.t2 == 1) {
+        for (int64_t k = 0; k < row; ++k) m[k] = std::max(m[k], U(x[k]) & kAbs);
+      } else {
+        for (int64_t b = 0; b < p.nb; ++b) {
+          uint32_t top = m[b];
+          for (int64_t e = 0; e < p.t2; ++e) top = std::max(top, U(x[b * p.t2 + e]) & kAbs);
+          m[b] = top;
+        }
+      }
+    }
+    for (int64_t b = 0; b < p.nb; ++b) m[b] = std::min(m[b], kInf);
+  }
+}
+
+// x_hat of one row of n elements, element k with multiplier m[k] and scale factor s[k]
+FP4LAB_Q_CLONES void Row(const float* __restrict x, float* __restrict out,
+                         const float* __restrict m, const float* __restrict s, int64_t n,
+                         Elem f, float o) {
+  for (int64_t k = 0; k < n; ++k) out[k] = ((Round<false>(x[k] * m[k], f, 0) * 0.5f) * s[k]) * o;
+}
+
+// The same with stochastic rounding: element k's bits at counter c0 + k * step
+FP4LAB_Q_CLONES void RowSr(const float* __restrict x, float* __restrict out,
+                           const float* __restrict m, const float* __restrict s, int64_t n,
+                           Elem f, float o, uint32_t k0, uint32_t k1, uint32_t c0,
+                           uint32_t step) {
+  const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
+  for (int64_t k = 0; k < n; ++k) {
+    const uint32_t bits = Bits(k0, k1, k2, c0 + uint32_t(k) * step);
+    out[k] = ((Round<true>(x[k] * m[k], f, bits) * 0.5f) * s[k]) * o;
+  }
+}
+
+// x_hat of block rows u0 .. u1 - 1: each block's terms spread over its elements, then the rows
+void Quantize(const float* X, float* O, const uint32_t* M, const ScopeTerms* S,
+              const uint32_t* K, const Params& p, int64_t u0, int64_t u1) {
+  const int64_t row = p.nb * p.t2, rows_per_call = p.unb / row;
+  const int64_t stream_n = p.pa * p.t1;  // the in-place view's quantized axis (L)
+  std::vector<float> mul(row), scale2(row);
+  for (int64_t u = u0; u < u1; ++u) {
+    const ScopeTerms& s = S[u];
+    for (int64_t b = 0; b < p.nb; ++b) {
+      float mb, sb;
+      BlockTerms(p, s, M[u * p.nb + b], &mb, &sb);
+      std::fill(mul.begin() + b * p.t2, mul.begin() + (b + 1) * p.t2, mb);
+      std::fill(scale2.begin() + b * p.t2, scale2.begin() + (b + 1) * p.t2, sb);
+    }
+    for (int64_t i = 0; i < p.t1; ++i) {
+      const int64_t r = u * p.t1 + i;  // the row, over all calls
+      const float* x = X + r * row;
+      float* out = O + r * row;
+      if (!p.sr) {
+        Row(x, out, mul.data(), scale2.data(), row, p.elem, s.outer);
+        continue;
+      }
+      const int64_t call = r / rows_per_call, in_call = r % rows_per_call;
+      // the counter of element k of this row: c0 + k * step (uint32 arithmetic, as the iotas)
+      uint32_t c0, step;
+      if (p.stream == 0) {
+        c0 = uint32_t(in_call * row);
+        step = 1;
+      } else {  // in-place view: group g, block row a, row i within it
+        const int64_t g = in_call / (p.pa * p.t1), ai = in_call % (p.pa * p.t1);
+        c0 = uint32_t(g) * uint32_t(row) * uint32_t(stream_n) + uint32_t(ai);
+        step = uint32_t(stream_n);
+      }
+      RowSr(x, out, mul.data(), scale2.data(), row, p.elem, s.outer, K[2 * call],
+            K[2 * call + 1], c0, step);
+    }
+  }
+}
+
+constexpr int64_t kPartElements = int64_t{1} << 15;
+
+ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U32> key,
+                          ffi::Buffer<ffi::F32> amax, ffi::ResultBuffer<ffi::F32> out,
+                          int64_t pa, int64_t t1, int64_t nb, int64_t t2, int64_t unb,
+                          int64_t rule, int64_t scope, int64_t given, int64_t sr, int64_t stream,
+                          int64_t kmin, int64_t mbits, int64_t emax, float vmax, float inv_max) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  const int64_t block_row = t1 * nb * t2;
+  if (pa <= 0 || t1 <= 0 || nb <= 0 || t2 <= 0 || unb <= 0 || unb % (pa * block_row) != 0 ||
+      n % unb != 0 || static_cast<int64_t>(out->element_count()) != n || rule < 0 || rule > 2 ||
+      scope < 0 || scope > 2) {
+    return ffi::Error::InvalidArgument("fp4lab_quantize: the buffers do not match the view");
+  }
+  const int64_t calls = n / unb;
+  if (static_cast<int64_t>(key.element_count()) != 2 * calls ||
+      static_cast<int64_t>(amax.element_count()) != calls) {
+    return ffi::Error::InvalidArgument("fp4lab_quantize: one key and one amax per call");
+  }
+  Params p{pa, t1, nb, t2, unb, rule, scope, given, sr, stream, emax,
+           Elem{int32_t(kmin), int32_t(mbits), vmax}, inv_max};
+  const int64_t units = n / block_row, per_call = unb / block_row;
+  const int64_t grain = std::max<int64_t>(1, kPartElements / block_row);
+  const int64_t parts = (units + grain - 1) / grain;
+  const float* X = x.typed_data();
+  std::vector<uint32_t> bmax(units * nb);
+  ParallelFor(pool, parts, [&](int64_t c) {
+    BlockMax(X, bmax.data(), p, c * grain, std::min(units, (c + 1) * grain));
+  });
+  // the scopes: one per call ("tensor", or the given amax), per block row ("row"), or none
+  std::vector<ScopeTerms> terms(units);
+  const float* A = amax.typed_data();
+  for (int64_t call = 0; call < calls; ++call) {
+    const int64_t u0 = call * per_call;
+    uint32_t top = 0;
+    if (scope == kTensor && !given) {
+      for (int64_t j = u0 * nb; j < (u0 + per_call) * nb; ++j) top = std::max(top, bmax[j]);
+    }
+    const float whole = given ? A[call] : F(top);
+    for (int64_t u = u0; u < u0 + per_call; ++u) {
+      float amax_scope = whole;
+      if (scope == kRow) {
+        uint32_t r = 0;
+        for (int64_t b = 0; b < nb; ++b) r = std::max(r, bmax[u * nb + b]);
+        amax_scope = F(r);
+      }
+      terms[u] = rule == kTe ? TeScope(amax_scope, scope != kNone, inv_max) : ScopeTerms{};
+    }
+  }
+  const uint32_t* K = key.typed_data();
+  float* O = out->typed_data();
+  ParallelFor(pool, parts, [&](int64_t c) {
+    Quantize(X, O, bmax.data(), terms.data(), K, p, c * grain, std::min(units, (c + 1) * grain));
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(fp4lab_quantize, QuantizeBlocks,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("pa")
+                                  .Attr<int64_t>("t1")
+                                  .Attr<int64_t>("nb")
+                                  .Attr<int64_t>("t2")
+                                  .Attr<int64_t>("unb")
+                                  .Attr<int64_t>("rule")
+                                  .Attr<int64_t>("scope")
+                                  .Attr<int64_t>("given")
+                                  .Attr<int64_t>("sr")
+                                  .Attr<int64_t>("stream")
+                                  .Attr<int64_t>("kmin")
+                                  .Attr<int64_t>("mbits")
+                                  .Attr<int64_t>("emax")
+                                  .Attr<float>("vmax")
+                                  .Attr<float>("inv_max"));
