@@ -92,7 +92,7 @@ from timing import goal_verdict, interleaved, round_ratios  # benchmarks/timing.
 from user_model import (  # benchmarks/user_model.py
     REFERENCE,
     compile_split,
-    reference_quantizer,
+    traced_as,
     user_rows,
 )
 
@@ -174,13 +174,7 @@ def build(cfg: TransformerConfig, tokens, qwix, wanted) -> dict:
         model = Transformer(cfg, rngs=nnx.Rngs(0))
         quantize_model(model, rules("nvfp4"), key=jax.random.key(0))
         opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
-        jitted = nnx.jit(plain_step)
-
-        def reference_step(*args):
-            with reference_quantizer():
-                return jitted(*args)
-
-        rows[REFERENCE] = (reference_step, model, opt)
+        rows[REFERENCE] = (traced_as(nnx.jit(plain_step), True), model, opt)
     for name, step in ((TELEMETRY, telemetry_step), (SHADOW, shadow_step)):
         if name not in wanted:
             continue

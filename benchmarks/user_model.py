@@ -86,6 +86,16 @@ def reference_quantizer(on: bool = True):
             os.environ["FP4LAB_QUANTIZER"] = old
 
 
+def traced_as(jitted, reference: bool):
+    """`jitted`, (re)tracing under `reference_quantizer(reference)` whenever it traces."""
+
+    def step(*args):
+        with reference_quantizer(reference):
+            return jitted(*args)
+
+    return step
+
+
 def user_rows(d: int, h: int, depth: int) -> dict:
     """{row: function building (jitted step, model, optimizer)}: the user-style model in fp32
     and with all its GEMMs NVFP4 (simulated), unscanned and scanned, and unscanned NVFP4 with
@@ -96,12 +106,7 @@ def user_rows(d: int, h: int, depth: int) -> dict:
             model = UserModel(d, h, depth, scan, rngs=nnx.Rngs(0))
             if recipe is not None:
                 quantize_model(model, [Rule(r".*", recipe)], key=jax.random.key(0))
-            jitted = nnx.jit(user_step)
-
-            def step(*args):
-                with reference_quantizer(reference):  # whenever it traces (again)
-                    return jitted(*args)
-
+            step = traced_as(nnx.jit(user_step), reference)
             return step, model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
 
         return build

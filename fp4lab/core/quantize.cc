@@ -203,7 +203,7 @@ struct ScopeTerms {
 };
 
 struct Params {
-  int64_t pa, t1, nb, t2, unb, rule, scope, given, sr, stream, emax;
+  int64_t pa, t1, nb, t2, unb, rule, sr, stream, emax;
   Elem elem;
   float inv_max;
 };
@@ -411,7 +411,7 @@ ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
       static_cast<int64_t>(amax.element_count()) != calls) {
     return ffi::Error::InvalidArgument("fp4lab_quantize: one key and one amax per call");
   }
-  Params p{pa, t1, nb, t2, unb, rule, scope, given, sr, stream, emax,
+  Params p{pa, t1, nb, t2, unb, rule, sr, stream, emax,
            Elem{int32_t(kmin), int32_t(mbits), vmax}, inv_max};
   const int64_t units = n / block_row, per_call = unb / block_row;
   const int64_t grain = std::max<int64_t>(1, kPartElements / block_row);
