@@ -18,11 +18,12 @@ The kernel takes the block-scaled rules without a search across elements:
 
 over the float element formats (E2M1, E2M3, E3M2, E4M3, E5M2), RNE or stochastic rounding
 (the threefry stream of `fp4lab.core.prng`, drawn in the kernel). A Hadamard rotation stays
-in jnp, before the kernel: at XLA's default optimization its butterflies' first additions may
-be contracted with the products before them into fused multiply-adds (LLVM's choice, on CPUs
-with FMA), which keeps contributions below 2**-126 that the written operations would flush,
-so the rotation's bits for values within 4x of 2**-126 are XLA's, not a formula a kernel
-could follow. (Rotating in the kernel was measured: the same step time, a faster compile.)
+in jnp, before the kernel (`fp4lab.core.hadamard`, two butterfly stages per pass). Rotating
+in the kernel was measured once, while the rotation's bits near 2**-126 still hung on LLVM
+contracting a multiply into its first additions: the same step time, a faster compile. The
+rotation's bits are now the written operations' at every optimization level, so a kernel
+could follow them; not tried since. The kernel's operand and result travel as 2-D arrays
+(`cpu_kernels.quantize_blocks`), so the transposes XLA places beside it stay tiled.
 Everything else, and every backend but the CPU, runs the reference. FP4LAB_QUANTIZER=reference
 in the environment makes the quantizers traced from then on run the reference; `enabled()`
 says which, and keys the traces fp4lab keeps (the ops' and fake_quant's), so a program traced

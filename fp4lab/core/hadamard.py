@@ -117,27 +117,71 @@ def _butterflies(xb: jax.Array, axis: int) -> jax.Array:
     bits do not depend on it.
 
     Written as explicit additions (a fast Walsh-Hadamard transform) rather than a dot: XLA
-    does not reorder them, so the bits are the same eagerly, under jit and on every backend (a
-    dot's accumulation order is the backend's choice, and differed between eager and jitted
-    code). 1 / sqrt(n) is split into an exact power of two applied before the additions (for
-    inputs near FLT_MAX, summing first would overflow) and, for odd log2(n), a factor
-    1 / sqrt(2) applied after them. Caveat: inside a jitted fusion XLA may contract an inexact
-    product computed just before (q * s * outer when dequantizing) with the first addition
-    into a fused multiply-add, which can change the last bit.
+    does not reorder them, so the bits are the same eagerly, under jit and at every
+    optimization level (a dot's accumulation order is the backend's choice, and differed
+    between eager and jitted code). 1 / sqrt(n) is split into an exact power of two applied
+    before the additions (for inputs near FLT_MAX, summing first would overflow) and, for odd
+    log2(n), a factor 1 / sqrt(2) applied after them.
+
+    The power of two is applied to the bits (`_times_pow2`), not multiplied: LLVM may contract
+    a multiply with the addition after it into a fused multiply-add (at XLA's default
+    optimization, on CPUs with FMA), which keeps a product below 2**-126 that the multiply
+    alone flushes; the first additions' bits for inputs within 4x of 2**-126 were then LLVM's
+    choice, and changed with the fusions around them. With no multiply before the additions,
+    the bits are the written operations' at every optimization level (tests/core/test_hadamard
+    holds them to a float32 flush-to-zero formula). Two stages run per pass over the operand
+    (`_two_stages`): XLA makes a fusion of each stacked pass, and a fusion per stage was 2.2
+    ms of a 2048 x 1024 operand's 16-point rotation in `benchmarks/step.py --model user`.
     """
     n = xb.shape[axis]
-    lead, trail = xb.shape[:axis], xb.shape[axis + 1 :]
     k = (n.bit_length() - 1) // 2
-    xb = xb * jnp.float32(2.0**-k)
+    xb = _times_pow2(xb, -k)
     h = 1
     while h < n:
-        y = xb.reshape(*lead, n // (2 * h), 2, h, *trail)
-        a = jax.lax.index_in_dim(y, 0, axis + 1, keepdims=False)
-        b = jax.lax.index_in_dim(y, 1, axis + 1, keepdims=False)
-        xb = jnp.stack([a + b, a - b], axis=axis + 1).reshape(*lead, n, *trail)
-        h *= 2
+        if 4 * h <= n:
+            xb, h = _two_stages(xb, axis, h), 4 * h
+        else:  # the last stage of an odd log2(n)
+            xb, h = _one_stage(xb, axis, h), 2 * h
     rest = 2.0**k / np.sqrt(n)
     return xb if rest == 1.0 else xb * jnp.float32(rest)
+
+
+def _halves(y: jax.Array, axis: int):
+    """The two halves of y's `axis` (of length 2), that axis dropped."""
+    return tuple(jax.lax.index_in_dim(y, i, axis, keepdims=False) for i in (0, 1))
+
+
+def _one_stage(xb: jax.Array, axis: int, h: int) -> jax.Array:
+    """The butterflies h apart: (a, b) = (x[i], x[i + h]) -> (a + b, a - b)."""
+    n, lead, trail = xb.shape[axis], xb.shape[:axis], xb.shape[axis + 1 :]
+    a, b = _halves(xb.reshape(*lead, n // (2 * h), 2, h, *trail), axis + 1)
+    return jnp.stack([a + b, a - b], axis + 1).reshape(xb.shape)
+
+
+def _two_stages(xb: jax.Array, axis: int, h: int) -> jax.Array:
+    """The butterflies h apart, then 2h apart, in one pass: (a, b, c, d) = x[i], x[i + h],
+    x[i + 2h], x[i + 3h] -> p, q, r, s = a + b, a - b, c + d, c - d -> (p + r, q + s, p - r,
+    q - s), the additions `_one_stage` twice makes."""
+    n, lead, trail = xb.shape[axis], xb.shape[:axis], xb.shape[axis + 1 :]
+    low, high = _halves(xb.reshape(*lead, n // (4 * h), 2, 2, h, *trail), axis + 1)
+    (a, b), (c, d) = _halves(low, axis + 1), _halves(high, axis + 1)
+    p, q, r, s = a + b, a - b, c + d, c - d
+    low, high = jnp.stack([p + r, q + s], axis + 1), jnp.stack([p - r, q - s], axis + 1)
+    return jnp.stack([low, high], axis + 1).reshape(xb.shape)
+
+
+def _times_pow2(x: jax.Array, e: int) -> jax.Array:
+    """x * 2**e (e <= 0) for float32 x, from the bits: exact, inf and NaN kept, and a result
+    below 2**-126 (or a subnormal x) a zero of x's sign, as the multiply gives under XLA's
+    CPU flush-to-zero. No float operation, so nothing for LLVM to contract."""
+    if e == 0:
+        return x
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    biased = (bits >> 23) & 0xFF
+    sign = bits & jnp.uint32(0x80000000)
+    shifted = bits - jnp.uint32(-e << 23)
+    out = jnp.where(biased == 0xFF, bits, jnp.where(biased > -e, shifted, sign))
+    return jax.lax.bitcast_convert_type(out, jnp.float32)
 
 
 def _blocks_along(x: jax.Array, t: Hadamard, axis: int):

@@ -240,7 +240,8 @@ inline void BlockTerms(const Params& p, const ScopeTerms& s, uint32_t bmax, floa
     const int32_t field = int32_t(U(a) >> 23) & 0xff;
     const int32_t k = std::max(field, -6 + 127) - 3;
     const float inv = F(uint32_t(254 - k) << 23);
-    const float r = std::nearbyint(a * inv);
+    const float y = a * inv;  // below 2**4: rounded to an integer, ties to even, as in Round
+    const float r = (y + 0x1p23f) - 0x1p23f;
     const float s_b = r / inv;
     scale = (finite ? r : Nan()) / inv;
     const float plain = Min(1.0f / (s_b * s.s_dec), kFltMax);
@@ -354,7 +355,7 @@ FP4LAB_Q_CLONES void RowSr(const float* __restrict x, float* __restrict out,
 }
 
 // x_hat of block rows u0 .. u1 - 1: each block's terms spread over its elements, then the rows
-void Quantize(const float* X, float* O, const uint32_t* M, const ScopeTerms* S,
+FP4LAB_Q_CLONES void Quantize(const float* X, float* O, const uint32_t* M, const ScopeTerms* S,
               const uint32_t* K, const Params& p, int64_t u0, int64_t u1) {
   const int64_t row = p.nb * p.t2, rows_per_call = p.unb / row;
   const int64_t stream_n = p.pa * p.t1;  // the in-place view's quantized axis (L)

@@ -1,5 +1,9 @@
 """Hadamard rotations: construction, orthogonality, GEMM invariance, quantization round trip."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,6 +118,89 @@ def test_rotation_bits_are_the_same_eagerly_and_under_jit():
     t = fl.Hadamard(32)
     for f, jf in ((hadamard.rotate, rot), (hadamard.unrotate, unrot)):
         np.testing.assert_array_equal(jf(x, t, None), f(x, t))
+
+
+def _flushed(v):
+    """float32 v with values below 2**-126 set to a zero of their sign (XLA's CPU code runs
+    with flush-to-zero and denormals-are-zero)."""
+    v = np.asarray(v, np.float32)
+    return np.where(np.abs(v) < 2.0**-126, np.copysign(np.float32(0.0), v), v).astype(np.float32)
+
+
+def _rotation_formula(x, n, signs=None):
+    """x diag(signs) H_n / sqrt(n) blockwise along the last axis, as the module writes it, in
+    numpy float32 with every input and result flushed: times 2**-k (k = floor(log2(n) / 2)),
+    the butterflies h = 1, 2, ..., n / 2 ((a, b) -> (a + b, a - b)), times 2**k / sqrt(n)."""
+    k = (n.bit_length() - 1) // 2
+    rows = _flushed(x).reshape(-1, n)
+    if signs is not None:
+        rows = _flushed(rows * np.asarray(signs, np.float32))
+    v = [_flushed(rows[:, i] * np.float32(2.0**-k)) for i in range(n)]
+    h = 1
+    while h < n:
+        v = [
+            _flushed(v[i] + v[i + h]) if not i & h else _flushed(v[i - h] - v[i]) for i in range(n)
+        ]
+        h *= 2
+    out = np.stack(v, 1)
+    rest = np.float32(2.0**k / np.sqrt(n))
+    return (out if rest == 1 else _flushed(out * rest)).reshape(x.shape)
+
+
+def _near_the_flush(shape, seed):
+    """Signed values from 2**-140 to 2**-110 (subnormal to small normal), log-uniform, with
+    some blocks of ordinary size and some zeros of either sign."""
+    rng = np.random.default_rng(seed)
+    x = np.exp2(rng.uniform(-140, -110, shape)) * rng.choice([-1.0, 1.0], shape)
+    x[::7] *= 2.0**100
+    x.flat[::13] = 0.0
+    x.flat[::29] = -0.0
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32, 64])
+def test_rotation_bits_near_2_pow_minus_126_are_the_flushed_formula(n):
+    # the power of two goes in through the bits, so no multiply can be contracted with the
+    # first additions into a fused multiply-add (whose bits here were LLVM's choice)
+    x = _near_the_flush((64, 2 * n), seed=n)
+    with np.errstate(all="ignore"):
+        expected = _rotation_formula(x, n)
+        with_signs = _rotation_formula(x, n, SIGNS16[:n] if n <= 16 else None)
+    got = np.asarray(rot(jnp.asarray(x), fl.Hadamard(n), None))
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    if n <= 16:
+        t = fl.Hadamard(n, SIGNS16[:n])
+        got = np.asarray(rot(jnp.asarray(x), t, None))
+        np.testing.assert_array_equal(got.view(np.uint32), with_signs.view(np.uint32))
+
+
+_AT_DEFAULT_OPT = """
+import sys, numpy as np, jax, jax.numpy as jnp
+from fp4lab.core import hadamard
+x = np.load(sys.argv[1])
+out = [jax.jit(f, static_argnums=1)(jnp.asarray(x), hadamard.Hadamard(n, s), key)
+       for f in (hadamard.rotate, hadamard.unrotate)
+       for n, s, key in ((16, "random", jax.random.key(7)), (32, "none", None))]
+np.save(sys.argv[2], np.stack([np.asarray(o) for o in out]))
+"""
+
+
+def test_rotation_bits_do_not_depend_on_xlas_optimization_level(tmp_path):
+    # the tests compile at XLA's -O0 (conftest), the committed runs at its default, where
+    # LLVM contracts multiplies with additions when the program lets it
+    x = _near_the_flush((256, 64), seed=3)
+    np.save(tmp_path / "x.npy", x)
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("--xla_backend_optimization_level=0", "")
+    cmd = [sys.executable, "-c", _AT_DEFAULT_OPT, str(tmp_path / "x.npy"), str(tmp_path / "y.npy")]
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    here = [
+        np.asarray(jax.jit(f, static_argnums=1)(jnp.asarray(x), hadamard.Hadamard(n, s), key))
+        for f in (hadamard.rotate, hadamard.unrotate)
+        for n, s, key in ((16, "random", jax.random.key(7)), (32, "none", None))
+    ]
+    there = np.load(tmp_path / "y.npy")
+    np.testing.assert_array_equal(np.stack(here).view(np.uint32), there.view(np.uint32))
 
 
 def test_rotation_of_small_integers_is_exact():
