@@ -263,7 +263,11 @@ def block_stats(
 
 
 def quantize_blocks(
-    xb: jax.Array, key: jax.Array, amax: jax.Array, **attrs: int | np.float32
+    xb: jax.Array,
+    key: jax.Array,
+    amax: jax.Array,
+    rotation: tuple | None = None,
+    **attrs: int | np.float32,
 ) -> jax.Array:
     """x_hat of a blocked operand (quantize.cc; `fp4lab.core.fused` builds the arguments).
 
@@ -271,8 +275,11 @@ def quantize_blocks(
       xb: float32 (..., A, t1, B, t2), the quantizer's blocked view; blocks span t1 and t2.
       key: uint32 (2,), the stochastic rounding key's words (read when attrs["sr"]).
       amax: float32 (1,), a given tensor amax (read when attrs["given"]).
-      attrs: the kernel's attributes but the view's sizes (rule, scope, given, sr, stream,
-        kmin, mbits, emax, vmax, inv_max).
+      rotation: None, or (signs, k, rest): rotate xb first along t1 as `hadamard.rotate` does
+        (a Hadamard of size t1; needs t2 = 1): signs float32 (t1,) or None, then 2**-k, the
+        butterflies and `rest` (`hadamard.scale_split`); x_hat is then in the rotated domain.
+      attrs: the kernel's attributes but the view's sizes and the rotation's (rule, scope,
+        given, sr, stream, kmin, mbits, emax, vmax, inv_max).
     Vmapped calls run the kernel once over the stacked batch, each member on its own.
     Raises:
       RuntimeError: the kernels cannot be built here (`build_error`).
@@ -290,9 +297,17 @@ def quantize_blocks(
     call = jax.ffi.ffi_call(
         _QUANTIZE, jax.ShapeDtypeStruct(rows, jnp.float32), vmap_method="broadcast_all"
     )
-    args = jax.lax.stop_gradient((xb.astype(jnp.float32).reshape(rows), key, amax))
+    signs, k, rest = rotation if rotation is not None else (None, 0, 1.0)
+    if rotation is not None and t2 != 1:
+        raise ValueError(f"quantize_blocks rotates along t1 only with t2 = 1, got {xb.shape}")
+    signed = signs is not None
+    signs = jnp.ones(t1, jnp.float32) if signs is None else jnp.asarray(signs, jnp.float32)
+    args = jax.lax.stop_gradient((xb.astype(jnp.float32).reshape(rows), key, amax, signs))
     sizes = dict(pa=a, t1=t1, nb=b, t2=t2, unb=xb.size)
-    return call(*args, **sizes, **attrs).reshape(xb.shape)
+    turn = dict(
+        rotate=int(rotation is not None), hk=int(k), sign=int(signed), rest=np.float32(rest)
+    )
+    return call(*args, **sizes, **turn, **attrs).reshape(xb.shape)
 
 
 def threefry(keys: jax.Array, counts: jax.Array) -> jax.Array:

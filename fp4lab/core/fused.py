@@ -17,13 +17,14 @@ The kernel takes the block-scaled rules without a search across elements:
     block_scale "e8m0"                                       MX, scale_rounding floor / ceil
 
 over the float element formats (E2M1, E2M3, E3M2, E4M3, E5M2), RNE or stochastic rounding
-(the threefry stream of `fp4lab.core.prng`, drawn in the kernel). A Hadamard rotation stays
-in jnp, before the kernel (`fp4lab.core.hadamard`, two butterfly stages per pass). Rotating
-in the kernel was measured once, while the rotation's bits near 2**-126 still hung on LLVM
-contracting a multiply into its first additions: the same step time, a faster compile. The
-rotation's bits are now the written operations' at every optimization level, so a kernel
-could follow them; not tried since. The kernel's operand and result travel as 2-D arrays
-(`cpu_kernels.quantize_blocks`), so the transposes XLA places beside it stay tiled.
+(the threefry stream of `fp4lab.core.prng`, drawn in the kernel). A Hadamard rotation runs
+in the kernel too where its blocks are the in-place view's block rows (`rotates`: a tile
+(1, n) along an inner axis and a Hadamard of size n, as the NVFP4 recipe's Wgrad operands):
+the operations of `fp4lab.core.hadamard` in its order (the signs, the power of two applied
+to the bits, the butterflies), so the same bits, which are the written operations' at every
+optimization level. Any other rotation runs in jnp before the kernel. The kernel's operand
+and result travel as 2-D arrays (`cpu_kernels.quantize_blocks`), so the transposes XLA
+places beside it stay tiled.
 Everything else, and every backend but the CPU, runs the reference. FP4LAB_QUANTIZER=reference
 in the environment makes the quantizers traced from then on run the reference; `enabled()`
 says which, and keys the traces fp4lab keeps (the ops' and fake_quant's), so a program traced
@@ -38,10 +39,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4lab.core import cpu_kernels, formats, prng
+from fp4lab.core import cpu_kernels, formats, hadamard, prng
 from fp4lab.core.spec import QuantSpec
 
-__all__ = ["enabled", "supports", "dequantized_blocks"]
+__all__ = ["enabled", "supports", "rotates", "dequantized_blocks"]
 
 _RULES = {"e4m3": 0, ("e8m0", "floor"): 1, ("e8m0", "ceil"): 2}
 _SCOPES = {"none": 0, "tensor": 1, "row": 2}
@@ -72,7 +73,26 @@ def supports(spec: QuantSpec, key, amax) -> bool:
     return spec.rounding == "rne" or prng.stream_words(key) is not None
 
 
-def dequantized_blocks(xb: jax.Array, spec: QuantSpec, key, amax, *, in_place: bool):
+def rotates(spec: QuantSpec, view) -> bool:
+    """Whether the kernel rotates the operand too: `spec`'s Hadamard is one block row of the
+    in-place view (`layout.in_place_view`'s sizes, or None), a tile (1, n) along an inner
+    axis with n the Hadamard's size (the Wgrad operands of the NVFP4 recipe)."""
+    if spec.transform is None or view is None:
+        return False
+    *_, ty, tx = view
+    return ty == 1 and tx == spec.transform.size
+
+
+def dequantized_blocks(
+    xb: jax.Array,
+    spec: QuantSpec,
+    key,
+    amax,
+    *,
+    in_place: bool,
+    rotate: bool = False,
+    transform_key=None,
+):
     """x_hat of the blocked view xb (`quantize.quantize_view`'s, rotated, float32), as
     `quantize.dequantize_blocks` computes it from the reference's scales.
 
@@ -82,6 +102,9 @@ def dequantized_blocks(xb: jax.Array, spec: QuantSpec, key, amax, *, in_place: b
       spec: a spec the kernel `supports`.
       key: the rounding key (the first of `prng.split`), for stochastic rounding.
       amax: a given scope amax (delayed scaling), or None.
+      rotate: xb is the in-place view not yet rotated, and the kernel rotates it first as
+        `hadamard.rotate` does (only where `rotates`); x_hat is then in the rotated domain.
+      transform_key: the Hadamard's key (read for its "random" signs), with `rotate`.
     """
     fmt = formats.get_format(spec.elem)
     sr = spec.rounding == "stochastic"
@@ -93,10 +116,15 @@ def dequantized_blocks(xb: jax.Array, spec: QuantSpec, key, amax, *, in_place: b
         rule = _RULES["e4m3"]
     else:
         rule = _RULES[("e8m0", spec.scale_rounding)]
+    rotation = None
+    if rotate:
+        signs = hadamard.signs(spec.transform, transform_key)
+        rotation = (signs, *hadamard.scale_split(spec.transform.size))
     return cpu_kernels.quantize_blocks(
         xb,
         words,
         a,
+        rotation,
         rule=rule,
         scope=_SCOPES[spec.outer] if spec.block_scale == "e4m3" else 0,
         given=int(given),

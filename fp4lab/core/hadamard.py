@@ -24,7 +24,7 @@ import numpy as np
 
 from fp4lab.schema import check_fields
 
-__all__ = ["Hadamard", "sylvester", "rotate", "unrotate"]
+__all__ = ["Hadamard", "sylvester", "rotate", "unrotate", "signs", "scale_split"]
 
 
 @functools.cache
@@ -101,6 +101,18 @@ class Hadamard:
         return h if s is None else s[:, None] * h
 
 
+def signs(t: Hadamard, key: jax.Array | None) -> jax.Array | None:
+    """The sign vector s of R = diag(s) H / sqrt(n) (float32, (n,)), or None for "none"."""
+    return _signs(t, key)
+
+
+def scale_split(n: int) -> tuple[int, float]:
+    """(k, rest): 1 / sqrt(n) as 2**-k, applied before the butterflies, times rest after them
+    (1, or 1 / sqrt(2) for odd log2(n))."""
+    k = (n.bit_length() - 1) // 2
+    return k, float(2.0**k / np.sqrt(n))
+
+
 def _signs(t: Hadamard, key: jax.Array | None) -> jax.Array | None:
     if t.signs == "none":
         return None
@@ -134,7 +146,7 @@ def _butterflies(xb: jax.Array, axis: int) -> jax.Array:
     ms of a 2048 x 1024 operand's 16-point rotation in `benchmarks/step.py --model user`.
     """
     n = xb.shape[axis]
-    k = (n.bit_length() - 1) // 2
+    k, rest = scale_split(n)
     xb = _times_pow2(xb, -k)
     h = 1
     while h < n:
@@ -142,7 +154,6 @@ def _butterflies(xb: jax.Array, axis: int) -> jax.Array:
             xb, h = _two_stages(xb, axis, h), 4 * h
         else:  # the last stage of an odd log2(n)
             xb, h = _one_stage(xb, axis, h), 2 * h
-    rest = 2.0**k / np.sqrt(n)
     return xb if rest == 1.0 else xb * jnp.float32(rest)
 
 

@@ -27,6 +27,12 @@
 //                clamped; q = elem(x * 2**-e), scale 2**e
 //   x_hat        ((q * 1/2) * (2 s_b)) * S_dec', the factors of tiny.dequantize_factors
 //
+// With `rotate` (the in-place view with t2 = 1, t1 the Hadamard's size), the operand is first
+// rotated along each block row's t1 rows as fp4lab.core.hadamard.rotate does it, into the
+// output, and quantized there: x * sign (where signed), times 2**-hk from the bits (exact, a
+// result below 2**-126 a signed zero), the butterflies h = 1, 2, .., t1 / 2 ((a, b) ->
+// (a + b, a - b)), times `rest` where it is not 1.
+//
 // Stochastic rounding draws element i's bits as fp4lab.core.prng.random_bits does: y0 ^ y1 of
 // threefry2x32(key, (0, c)), c the element's position in the moved layout (`stream` 0: its
 // position in the view; 1: the in-place view (P, L/tx, tx, Q/ty, ty) of layout.stream_index).
@@ -206,6 +212,9 @@ struct Params {
   int64_t pa, t1, nb, t2, unb, rule, sr, stream, emax;
   Elem elem;
   float inv_max;
+  int64_t hk = 0;        // the rotation's 2**-hk (with `rotate`)
+  bool signed_ = false;  // the rotation multiplies by its signs first
+  float rest = 1.0f;     // and by rest after the butterflies
 };
 
 ScopeTerms TeScope(float amax_scope, bool has_scope, float inv_max) {
@@ -313,6 +322,61 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t n, std::function<void(int64_t)> 
 #define FP4LAB_Q_CLONES
 #endif
 
+// hadamard._times_pow2: v * 2**e (e <= 0) from the bits, a result below 2**-126 (or a
+// subnormal v) a zero of v's sign, inf and NaN kept
+inline float TimesPow2(float v, int32_t e) {
+  if (e == 0) return v;
+  const uint32_t b = U(v), field = (b >> 23) & 0xffu;
+  if (field == 0xffu) return v;
+  return field > uint32_t(-e) ? F(b - (uint32_t(-e) << 23)) : F(b & kSign);
+}
+
+// The rotation of hadamard.rotate along the block rows' t1 = n rows (the in-place view with
+// t2 = 1, a block row being one Hadamard block per column), block rows u0 .. u1 - 1 of X into
+// O: x * sign (where signed), times 2**-k from the bits, the butterflies h = 1, 2, .., n / 2
+// ((a, b) -> (a + b, a - b)), times `rest` where it is not 1: the module's operations in its
+// order, so the same bits. Columns go in chunks that stay in the cache through the stages.
+FP4LAB_Q_CLONES void Rotate(const float* X, float* O, const float* signs, const Params& p,
+                            int64_t u0, int64_t u1) {
+  const int64_t n = p.t1, row = p.nb, rows_per_call = p.unb / row;
+  constexpr int64_t kChunk = 256;
+  for (int64_t u = u0; u < u1; ++u) {
+    const int64_t call = (u * n) / rows_per_call;
+    const float* s = signs + call * n;
+    for (int64_t c0 = 0; c0 < row; c0 += kChunk) {
+      const int64_t w = std::min(kChunk, row - c0);
+      for (int64_t i = 0; i < n; ++i) {
+        const float* x = X + (u * n + i) * row + c0;
+        float* o = O + (u * n + i) * row + c0;
+        const float si = s[i];
+        if (p.signed_) {
+          for (int64_t j = 0; j < w; ++j) o[j] = TimesPow2(x[j] * si, -int32_t(p.hk));
+        } else {
+          for (int64_t j = 0; j < w; ++j) o[j] = TimesPow2(x[j], -int32_t(p.hk));
+        }
+      }
+      for (int64_t h = 1; h < n; h *= 2) {
+        for (int64_t i = 0; i < n; ++i) {
+          if (i & h) continue;
+          float* a = O + (u * n + i) * row + c0;
+          float* b = O + (u * n + i + h) * row + c0;
+          for (int64_t j = 0; j < w; ++j) {
+            const float av = a[j], bv = b[j];
+            a[j] = av + bv;
+            b[j] = av - bv;
+          }
+        }
+      }
+      if (p.rest != 1.0f) {
+        for (int64_t i = 0; i < n; ++i) {
+          float* o = O + (u * n + i) * row + c0;
+          for (int64_t j = 0; j < w; ++j) o[j] = o[j] * p.rest;
+        }
+      }
+    }
+  }
+}
+
 // The block amaxes (bits) of block rows u0 .. u1 - 1 (over all calls and groups)
 FP4LAB_Q_CLONES void BlockMax(const float* X, uint32_t* M, const Params& p, int64_t u0, int64_t u1) {
   const int64_t row = p.nb * p.t2;
@@ -336,15 +400,13 @@ FP4LAB_Q_CLONES void BlockMax(const float* X, uint32_t* M, const Params& p, int6
 }
 
 // x_hat of one row of n elements, element k with multiplier m[k] and scale factor s[k]
-FP4LAB_Q_CLONES void Row(const float* __restrict x, float* __restrict out,
-                         const float* __restrict m, const float* __restrict s, int64_t n,
+FP4LAB_Q_CLONES void Row(const float* x, float* out, const float* __restrict m, const float* __restrict s, int64_t n,
                          Elem f, float o) {
   for (int64_t k = 0; k < n; ++k) out[k] = ((Round<false>(x[k] * m[k], f, 0) * 0.5f) * s[k]) * o;
 }
 
 // The same with stochastic rounding: element k's bits at counter c0 + k * step
-FP4LAB_Q_CLONES void RowSr(const float* __restrict x, float* __restrict out,
-                           const float* __restrict m, const float* __restrict s, int64_t n,
+FP4LAB_Q_CLONES void RowSr(const float* x, float* out, const float* __restrict m, const float* __restrict s, int64_t n,
                            Elem f, float o, uint32_t k0, uint32_t k1, uint32_t c0,
                            uint32_t step) {
   const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
@@ -396,10 +458,12 @@ FP4LAB_Q_CLONES void Quantize(const float* X, float* O, const uint32_t* M, const
 constexpr int64_t kPartElements = int64_t{1} << 15;
 
 ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U32> key,
-                          ffi::Buffer<ffi::F32> amax, ffi::ResultBuffer<ffi::F32> out,
-                          int64_t pa, int64_t t1, int64_t nb, int64_t t2, int64_t unb,
-                          int64_t rule, int64_t scope, int64_t given, int64_t sr, int64_t stream,
-                          int64_t kmin, int64_t mbits, int64_t emax, float vmax, float inv_max) {
+                          ffi::Buffer<ffi::F32> amax, ffi::Buffer<ffi::F32> signs,
+                          ffi::ResultBuffer<ffi::F32> out, int64_t pa, int64_t t1, int64_t nb,
+                          int64_t t2, int64_t unb, int64_t rule, int64_t scope, int64_t given,
+                          int64_t sr, int64_t stream, int64_t kmin, int64_t mbits, int64_t emax,
+                          float vmax, float inv_max, int64_t rotate, int64_t hk, int64_t sign,
+                          float rest) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   const int64_t block_row = t1 * nb * t2;
   if (pa <= 0 || t1 <= 0 || nb <= 0 || t2 <= 0 || unb <= 0 || unb % (pa * block_row) != 0 ||
@@ -412,12 +476,23 @@ ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
       static_cast<int64_t>(amax.element_count()) != calls) {
     return ffi::Error::InvalidArgument("fp4lab_quantize: one key and one amax per call");
   }
+  if (rotate && (t2 != 1 || hk < 0 || hk > 30 ||
+                 static_cast<int64_t>(signs.element_count()) != calls * t1)) {
+    return ffi::Error::InvalidArgument("fp4lab_quantize: a rotation needs t2 = 1 and t1 signs");
+  }
   Params p{pa, t1, nb, t2, unb, rule, sr, stream, emax,
-           Elem{int32_t(kmin), int32_t(mbits), vmax}, inv_max};
+           Elem{int32_t(kmin), int32_t(mbits), vmax}, inv_max, hk, sign != 0, rest};
   const int64_t units = n / block_row, per_call = unb / block_row;
   const int64_t grain = std::max<int64_t>(1, kPartElements / block_row);
   const int64_t parts = (units + grain - 1) / grain;
   const float* X = x.typed_data();
+  float* O = out->typed_data();
+  if (rotate) {  // the rotated operand goes to the output, quantized there in place
+    ParallelFor(pool, parts, [&](int64_t c) {
+      Rotate(X, O, signs.typed_data(), p, c * grain, std::min(units, (c + 1) * grain));
+    });
+    X = O;
+  }
   std::vector<uint32_t> bmax(units * nb);
   ParallelFor(pool, parts, [&](int64_t c) {
     BlockMax(X, bmax.data(), p, c * grain, std::min(units, (c + 1) * grain));
@@ -443,7 +518,6 @@ ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
     }
   }
   const uint32_t* K = key.typed_data();
-  float* O = out->typed_data();
   ParallelFor(pool, parts, [&](int64_t c) {
     Quantize(X, O, bmax.data(), terms.data(), K, p, c * grain, std::min(units, (c + 1) * grain));
   });
@@ -457,6 +531,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fp4lab_quantize, QuantizeBlocks,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("pa")
@@ -473,4 +548,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fp4lab_quantize, QuantizeBlocks,
                                   .Attr<int64_t>("mbits")
                                   .Attr<int64_t>("emax")
                                   .Attr<float>("vmax")
-                                  .Attr<float>("inv_max"));
+                                  .Attr<float>("inv_max")
+                                  .Attr<int64_t>("rotate")
+                                  .Attr<int64_t>("hk")
+                                  .Attr<int64_t>("sign")
+                                  .Attr<float>("rest"));

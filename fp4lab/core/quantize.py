@@ -243,9 +243,10 @@ def restore_view(xhat_b, spec: QuantSpec, shape, dtype, transform_key, rotated, 
     return restore(scaling.unblock(xhat_b), spec, shape, dtype, transform_key, rotated)
 
 
-def _blocked(x, spec: QuantSpec, key, transform_key, in_place: bool):
-    """The quantizer's input, checked, prepared and rotated, in its blocked view: (xb, rounding
-    key, transform key, in-place view sizes or None, stream index or None)."""
+def _blocked(x, spec: QuantSpec, key, transform_key, in_place: bool, rotate: bool = True):
+    """The quantizer's input, checked, prepared and rotated (unless not `rotate`: in-place
+    views only), in its blocked view: (xb, rounding key, transform key, in-place view sizes or
+    None, stream index or None)."""
     _check_spec(spec)
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -265,7 +266,7 @@ def _blocked(x, spec: QuantSpec, key, transform_key, in_place: bool):
     else:
         p, n, q, ty, tx = view
         xi = x.astype(jnp.float32).reshape(p, n, q)
-        if spec.transform is not None:
+        if spec.transform is not None and rotate:
             xi = hadamard.rotate(xi, spec.transform, transform_key, axis=1)
         xb = xi.reshape(p, n // tx, tx, q // ty, ty)
         if spec.rounding == "stochastic":
@@ -386,8 +387,17 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
 def _quantize_dequantize(x, spec, key, transform_key, amax, rotated, kernel):
     x = jnp.asarray(x)
     if kernel and fused.supports(spec, key, amax) and x.size < 2**32:
-        xb, k_round, transform_key, view, _ = _blocked(x, spec, key, transform_key, True)
-        xhat_b = fused.dequantized_blocks(xb, spec, k_round, amax, in_place=view is not None)
+        turn = fused.rotates(spec, layout.in_place_view(x.shape, spec))  # in the kernel
+        xb, k_round, transform_key, view, _ = _blocked(x, spec, key, transform_key, True, not turn)
+        xhat_b = fused.dequantized_blocks(
+            xb,
+            spec,
+            k_round,
+            amax,
+            in_place=view is not None,
+            rotate=turn,
+            transform_key=transform_key,
+        )
         return restore_view(xhat_b, spec, x.shape, x.dtype, transform_key, rotated, view)
     return dequantized_view(x, spec, key, transform_key, amax, rotated)[0]
 

@@ -8,6 +8,8 @@ scope, rounding, layout and rotation the kernel takes, on inputs at every edge o
 range, under vmap, and whatever else shares a vmapped call.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -160,7 +162,12 @@ def test_layouts_padding_rotation_and_dtypes():
     """A middle axis blocked in place, a padded axis, the unrotated domain, bfloat16 input."""
     rng = np.random.default_rng(7)
     x3 = jnp.asarray(rng.standard_normal((4, 64, 10)).astype(np.float32))
-    for spec in (fl.nvfp4(axis=1), fl.nvfp4(axis=1, rounding="stochastic"), fl.mxfp4(axis=1)):
+    for spec in (
+        fl.nvfp4(axis=1),
+        fl.nvfp4(axis=1, rounding="stochastic"),
+        fl.mxfp4(axis=1),
+        fl.nvfp4(axis=1, rounding="stochastic", transform=Hadamard(16, "random")),  # in the kernel
+    ):
         ref, kernel = _both(spec)
         _same(ref(x3, jax.random.key(1), None), kernel(x3, jax.random.key(1), None))
     xp = jnp.asarray(rng.standard_normal((5, 40)).astype(np.float32))
@@ -178,8 +185,9 @@ def test_vmap_each_member_as_alone_and_as_the_reference():
     value alone, whatever else shares the call; the keys batched too."""
     xs = jnp.asarray(np.stack([_edges((32, 64), s) for s in range(4)]))
     keys = jax.random.split(jax.random.key(9), 4)
-    for name in ("nvfp4", "nvfp4-row", "nvfp4-sr", "mxfp4-sr"):
-        spec = SPECS[name]
+    # along axis 0 the two Hadamard specs rotate in the kernel, with each member's own signs
+    rotating = [dataclasses.replace(SPECS[n], axis=0) for n in ("nvfp4-h16-sr", "mxfp4-h32-random")]
+    for spec in [SPECS[n] for n in ("nvfp4", "nvfp4-row", "nvfp4-sr", "mxfp4-sr")] + rotating:
         ref, kernel = _both(spec)
         batched = jax.vmap(kernel)(xs, keys, None)
         _same(jax.vmap(ref)(xs, keys, None), batched)
