@@ -50,28 +50,33 @@ The row "nvfp4 jnp quantizer" is the same nvfp4 model with its quantizers traced
 reference (FP4LAB_QUANTIZER=reference) instead of the CPU kernel (`fp4lab.core.fused`): the
 two give the same bits; the rows compare their cost in one process.
 
-Measured (2 CPUs, load average 0.7 at the start, 1.5 at the end; jax 0.10.2):
+Measured (2 CPUs, load average 1.8 at the start and the end, its own two threads; jax 0.10.2):
 
     row                  median ms/step  median first call s  compile s (CPU s)  HLO instr.  fusions
-    fp32                      260.0            0.81              0.36 (0.59)         2,504       202
-    nvfp4                     392.3            1.31              0.69 (1.17)         4,385       406
-    fp32 scanned              316.4            1.00              0.56 (0.99)         1,259       105
-    nvfp4 scanned             470.7            1.47              0.81 (1.43)         1,888       166
-    nvfp4 jnp quantizer       380.5            4.35              3.67 (4.73)        45,365     1,005
+    fp32                      267.9            0.80              0.36 (0.59)         2,504       202
+    nvfp4                     321.3            0.96              0.49 (0.80)         3,198       300
+    fp32 scanned              325.8            0.96              0.56 (1.00)         1,259       105
+    nvfp4 scanned             411.1            1.19              0.70 (1.23)         1,645       146
+    nvfp4 jnp quantizer       382.4            4.92              3.97 (5.13)        46,157       957
 
-    first call 1.62x fp32's (4 rounds): met;  step 1.51x [1.48, 1.54] (15 rounds): NOT met
-    jnp quantizer: first call 5.37x, step 1.46x; the kernel's step 1.03x the jnp quantizer's
+    first call 1.21x fp32's (4 rounds): met;  step 1.20x [1.17, 1.22] (15 rounds): met
+    jnp quantizer: first call 6.06x, step 1.43x; the kernel's step 0.84x the jnp quantizer's
 
-Where the step goes (jax.profiler trace, thread-seconds per step, kernel path): the matmuls
-as fp32's; the quantizer calls about 74 ms (the jnp quantizer's fusions about as much); the
-16-point Hadamard butterflies of the Wgrad operands about 40 ms (jnp, both paths); copies
-into the kernel's row-major operands and the Wgrad transposes about 85 ms (the jnp path fuses
-most of them into its element pass). Rotating in the kernel too was tried and measured: the
-same step, and XLA contracts the butterflies' first additions into fused multiply-adds on
-CPUs with FMA, so the reference's rotation bits within 4x of 2**-126 are not a formula the
-kernel can follow; the rotation stays in jnp. For 1.3x the Hadamard and the layout copies
-would have to leave the step as well (a kernel that writes x_hat in the layout the GEMM
-reads, and rotates as XLA does); not done.
+Where the step went, and what changed it (jax.profiler traces, thread-milliseconds per step of
+the nvfp4 row; an earlier version of this note measured 1.51x):
+- The transposes beside the kernel: XLA writes the kernel's operand and result as bitcasts of
+  the arrays beside it, and the Wgrad operands' transposes to the GEMM's layout read the
+  kernel's 5-D blocked view; a bitcast that regroups major axes costs a transpose its tiling
+  (6.3 ms each against 0.7 ms for the same transpose in fp32's program; 68 ms a step). The
+  kernel's operand and result are now 2-D (`cpu_kernels.quantize_blocks`): 8 ms.
+- The Wgrad operands' 16-point Hadamard: four stacked butterfly stages were four fusions,
+  52 ms. It now runs in the quantizer kernel (the rotation's bits no longer hang on LLVM's
+  multiply-add contraction, `fp4lab.core.hadamard`), so it costs no pass of its own.
+- The kernel's per-block NVFP4 scale terms: a library call (nearbyint) per block, then a
+  scalar loop; now an inline rounding in a vectorized loop. The quantizer calls: 74 ms before,
+  69 ms with the rotation inside.
+- Left: the matmuls take 117 ms (fp32's 169, whose matmul fusions also hold the elementwise
+  work around them), the quantizer calls 69 ms, the rest as fp32's.
 """
 
 from __future__ import annotations

@@ -184,7 +184,8 @@ def _two_stages(xb: jax.Array, axis: int, h: int) -> jax.Array:
 def _times_pow2(x: jax.Array, e: int) -> jax.Array:
     """x * 2**e (e <= 0) for float32 x, from the bits: exact, inf and NaN kept, and a result
     below 2**-126 (or a subnormal x) a zero of x's sign, as the multiply gives under XLA's
-    CPU flush-to-zero. No float operation, so nothing for LLVM to contract."""
+    CPU flush-to-zero (on a backend that keeps subnormals, a multiply would keep them; this
+    flushes everywhere). No float operation, so nothing for LLVM to contract."""
     if e == 0:
         return x
     bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
