@@ -30,6 +30,7 @@ SPECS = {
     "nvfp4-none": fl.nvfp4(scope="none"),
     "nvfp4-sr": fl.nvfp4(rounding="stochastic"),
     "nvfp4-h16-sr": fl.nvfp4(rounding="stochastic", transform=H16),
+    "nvfp4-row-h16": fl.nvfp4(scope="row", transform=Hadamard(16, "random")),
     "nvfp4-e4m3-elems": fl.QuantSpec(elem="e4m3", tile=(1, 16)),
     "nvfp4-2d-h16": fl.nvfp4(tile=(16, 16), transform=Hadamard(16)),
     "nvfp4-h32-random": fl.nvfp4(transform=Hadamard(32, "random")),
