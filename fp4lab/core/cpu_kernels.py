@@ -267,8 +267,10 @@ def quantize_blocks(
     key: jax.Array,
     amax: jax.Array,
     rotation: tuple | None = None,
+    count: bool = False,
+    keep_rotated: bool = False,
     **attrs: int | np.float32,
-) -> jax.Array:
+) -> jax.Array | tuple:
     """x_hat of a blocked operand (quantize.cc; `fp4lab.core.fused` builds the arguments).
 
     Args:
@@ -278,6 +280,9 @@ def quantize_blocks(
       rotation: None, or (signs, k, rest): rotate xb first along t1 as `hadamard.rotate` does
         (a Hadamard of size t1; needs t2 = 1): signs float32 (t1,) or None, then 2**-k, the
         butterflies and `rest` (`hadamard.scale_split`); x_hat is then in the rotated domain.
+      count: also return the fraction of elements that saturated (float32, one per call:
+        grid value +-max and |x| > |x_hat|, `fp4lab.core.stats`' `saturated`).
+      keep_rotated: with `rotation`, also return the rotated operand (xb's shape).
       attrs: the kernel's attributes but the view's sizes and the rotation's (rule, scope,
         given, sr, stream, kmin, mbits, emax, vmax, inv_max).
     Vmapped calls run the kernel once over the stacked batch, each member on its own.
@@ -294,9 +299,13 @@ def quantize_blocks(
     # Wgrad operand's transpose after the kernel took 6.1 ms from the 5-D view and 0.27 ms
     # from (2048, 1024) (benchmarks/step.py --model user).
     rows = (xb.size // (b * t2), b * t2)
-    call = jax.ffi.ffi_call(
-        _QUANTIZE, jax.ShapeDtypeStruct(rows, jnp.float32), vmap_method="broadcast_all"
+    keep = rotation is not None and keep_rotated
+    outputs = (
+        jax.ShapeDtypeStruct(rows, jnp.float32),
+        jax.ShapeDtypeStruct((1,), jnp.float32),
+        jax.ShapeDtypeStruct(rows if keep else (1,), jnp.float32),
     )
+    call = jax.ffi.ffi_call(_QUANTIZE, outputs, vmap_method="broadcast_all")
     signs, k, rest = rotation if rotation is not None else (None, 0, 1.0)
     if rotation is not None and t2 != 1:
         raise ValueError(f"quantize_blocks rotates along t1 only with t2 = 1, got {xb.shape}")
@@ -307,7 +316,13 @@ def quantize_blocks(
     turn = dict(
         rotate=int(rotation is not None), hk=int(k), sign=int(signed), rest=np.float32(rest)
     )
-    return call(*args, **sizes, **turn, **attrs).reshape(xb.shape)
+    x_hat, saturated, rotated = call(*args, **sizes, **turn, count=int(count), **attrs)
+    out = (x_hat.reshape(xb.shape),)
+    if count:
+        out += (saturated[..., 0],)
+    if keep:
+        out += (rotated.reshape(xb.shape),)
+    return out if len(out) > 1 else out[0]
 
 
 def threefry(keys: jax.Array, counts: jax.Array) -> jax.Array:

@@ -92,6 +92,8 @@ def dequantized_blocks(
     in_place: bool,
     rotate: bool = False,
     transform_key=None,
+    count: bool = False,
+    keep_rotated: bool = False,
 ):
     """x_hat of the blocked view xb (`quantize.quantize_view`'s, rotated, float32), as
     `quantize.dequantize_blocks` computes it from the reference's scales.
@@ -105,6 +107,8 @@ def dequantized_blocks(
       rotate: xb is the in-place view not yet rotated, and the kernel rotates it first as
         `hadamard.rotate` does (only where `rotates`); x_hat is then in the rotated domain.
       transform_key: the Hadamard's key (read for its "random" signs), with `rotate`.
+      count: also return the fraction of saturated elements (`cpu_kernels.quantize_blocks`).
+      keep_rotated: with `rotate`, also return the rotated view (for the statistics).
     """
     fmt = formats.get_format(spec.elem)
     sr = spec.rounding == "stochastic"
@@ -125,6 +129,8 @@ def dequantized_blocks(
         words,
         a,
         rotation,
+        count,
+        keep_rotated,
         rule=rule,
         scope=_SCOPES[spec.outer] if spec.block_scale == "e4m3" else 0,
         given=int(given),

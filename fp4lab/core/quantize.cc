@@ -8,7 +8,10 @@
 // r*t1 .. r*t1 + t1 - 1 (the view's block axes are its third and first from the end); `unb`
 // elements make one call of the unbatched program (a vmapped call stacks calls in front). Also
 // per call: the stochastic rounding key words (uint32, 2) and a given tensor amax (float32, 1),
-// read only when `sr` and `given` say so. Output: x_hat in the same view, float32.
+// read only when `sr` and `given` say so. Output: x_hat in the same view, float32, and per
+// call, with `count`, the fraction of its elements that saturated (grid value +-max and
+// |x| > |x_hat|: fp4lab.core.stats' `saturated`, the exact count divided as
+// operand_stats.cc divides it; 0 without `count`).
 //
 // Every value is the reference's bit for bit (the tests hold the two paths to the same bits):
 // the same float32 operations in the same order, in the floating-point environment of XLA's
@@ -31,7 +34,8 @@
 // rotated along each block row's t1 rows as fp4lab.core.hadamard.rotate does it, into the
 // output, and quantized there: x * sign (where signed), times 2**-hk from the bits (exact, a
 // result below 2**-126 a signed zero), the butterflies h = 1, 2, .., t1 / 2 ((a, b) ->
-// (a + b, a - b)), times `rest` where it is not 1.
+// (a + b, a - b)), times `rest` where it is not 1. A third output as large as x receives the
+// rotated operand (for the statistics, which measure it); else it holds one unused value.
 //
 // Stochastic rounding draws element i's bits as fp4lab.core.prng.random_bits does: y0 ^ y1 of
 // threefry2x32(key, (0, c)), c the element's position in the moved layout (`stream` 0: its
@@ -215,6 +219,7 @@ struct Params {
   int64_t hk = 0;        // the rotation's 2**-hk (with `rotate`)
   bool signed_ = false;  // the rotation multiplies by its signs first
   float rest = 1.0f;     // and by rest after the butterflies
+  bool count = false;    // count the saturated elements
 };
 
 ScopeTerms TeScope(float amax_scope, bool has_scope, float inv_max) {
@@ -421,26 +426,54 @@ FP4LAB_Q_CLONES void BlockMax(const float* X, uint32_t* M, const Params& p, int6
   }
 }
 
-// x_hat of one row of n elements, element k with multiplier m[k] and scale factor s[k]
-FP4LAB_Q_CLONES void Row(const float* x, float* out, const float* __restrict m, const float* __restrict s, int64_t n,
-                         Elem f, float o) {
-  for (int64_t k = 0; k < n; ++k) out[k] = ((Round<false>(x[k] * m[k], f, 0) * 0.5f) * s[k]) * o;
+// Whether an element saturated: its grid value g is +-max (bits vbits) and |x| > |x_hat|,
+// compared as magnitude bits (the order of non-NaN floats; a NaN x or g is never counted, as
+// the float comparisons give it), so that the loops stay free of branches
+inline int32_t Saturated(float x, float g, float h, uint32_t vbits) {
+  const uint32_t ax = U(x) & kAbs, ah = U(h) & kAbs;
+  return int32_t(((U(g) & kAbs) == vbits) & (ax <= kInf) & (ax > ah));
+}
+
+// x_hat of one row of n elements, element k with multiplier m[k] and scale factor s[k], and
+// how many saturated (grid value +-max and |x| > |x_hat|: the statistics' `saturated`). x may
+// be out (the rotated operand, quantized in place): element k is read, then written, and no
+// other, so the loops carry no dependence (ivdep: vectorized without an overlap check).
+FP4LAB_Q_CLONES int64_t Row(const float* x, float* out, const float* __restrict m,
+                            const float* __restrict s, int64_t n, Elem f, float o) {
+  const uint32_t vbits = U(f.vmax);
+  int32_t c = 0;
+#pragma GCC ivdep
+  for (int64_t k = 0; k < n; ++k) {
+    const float xk = x[k], g = Round<false>(xk * m[k], f, 0);
+    const float h = ((g * 0.5f) * s[k]) * o;
+    out[k] = h;
+    c += Saturated(xk, g, h, vbits);
+  }
+  return c;
 }
 
 // The same with stochastic rounding: element k's bits at counter c0 + k * step
-FP4LAB_Q_CLONES void RowSr(const float* x, float* out, const float* __restrict m, const float* __restrict s, int64_t n,
-                           Elem f, float o, uint32_t k0, uint32_t k1, uint32_t c0,
-                           uint32_t step) {
+FP4LAB_Q_CLONES int64_t RowSr(const float* x, float* out, const float* __restrict m,
+                              const float* __restrict s, int64_t n, Elem f, float o, uint32_t k0,
+                              uint32_t k1, uint32_t c0, uint32_t step) {
   const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
+  const uint32_t vbits = U(f.vmax);
+  int32_t c = 0;
+#pragma GCC ivdep
   for (int64_t k = 0; k < n; ++k) {
     const uint32_t bits = Bits(k0, k1, k2, c0 + uint32_t(k) * step);
-    out[k] = ((Round<true>(x[k] * m[k], f, bits) * 0.5f) * s[k]) * o;
+    const float xk = x[k], g = Round<true>(xk * m[k], f, bits);
+    const float h = ((g * 0.5f) * s[k]) * o;
+    out[k] = h;
+    c += Saturated(xk, g, h, vbits);
   }
+  return c;
 }
 
 // x_hat of block rows u0 .. u1 - 1: each block's terms spread over its elements, then the rows
 FP4LAB_Q_CLONES void Quantize(const float* X, float* O, const uint32_t* M, const ScopeTerms* S,
-              const uint32_t* K, const Params& p, int64_t u0, int64_t u1) {
+                              const uint32_t* K, const Params& p, int64_t u0, int64_t u1,
+                              std::atomic<int64_t>* saturated) {
   const int64_t row = p.nb * p.t2, rows_per_call = p.unb / row;
   const int64_t stream_n = p.pa * p.t1;  // the in-place view's quantized axis (L)
   std::vector<float> mul(row), scale2(row), block_mul(p.nb), block_scale2(p.nb);
@@ -466,11 +499,12 @@ FP4LAB_Q_CLONES void Quantize(const float* X, float* O, const uint32_t* M, const
       const int64_t r = u * p.t1 + i;  // the row, over all calls
       const float* x = X + r * row;
       float* out = O + r * row;
+      const int64_t call = r / rows_per_call, in_call = r % rows_per_call;
       if (!p.sr) {
-        Row(x, out, mul.data(), scale2.data(), row, p.elem, s.outer);
+        const int64_t c = Row(x, out, mul.data(), scale2.data(), row, p.elem, s.outer);
+        if (p.count && c) saturated[call] += c;
         continue;
       }
-      const int64_t call = r / rows_per_call, in_call = r % rows_per_call;
       // the counter of element k of this row: c0 + k * step (uint32 arithmetic, as the iotas)
       uint32_t c0, step;
       if (p.stream == 0) {
@@ -481,8 +515,9 @@ FP4LAB_Q_CLONES void Quantize(const float* X, float* O, const uint32_t* M, const
         c0 = uint32_t(g) * uint32_t(row) * uint32_t(stream_n) + uint32_t(ai);
         step = uint32_t(stream_n);
       }
-      RowSr(x, out, mul.data(), scale2.data(), row, p.elem, s.outer, K[2 * call],
-            K[2 * call + 1], c0, step);
+      const int64_t c = RowSr(x, out, mul.data(), scale2.data(), row, p.elem, s.outer,
+                              K[2 * call], K[2 * call + 1], c0, step);
+      if (p.count && c) saturated[call] += c;
     }
   }
 }
@@ -491,11 +526,13 @@ constexpr int64_t kPartElements = int64_t{1} << 15;
 
 ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U32> key,
                           ffi::Buffer<ffi::F32> amax, ffi::Buffer<ffi::F32> signs,
-                          ffi::ResultBuffer<ffi::F32> out, int64_t pa, int64_t t1, int64_t nb,
+                          ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> sat,
+                          ffi::ResultBuffer<ffi::F32> rotated,
+                          int64_t pa, int64_t t1, int64_t nb,
                           int64_t t2, int64_t unb, int64_t rule, int64_t scope, int64_t given,
                           int64_t sr, int64_t stream, int64_t kmin, int64_t mbits, int64_t emax,
                           float vmax, float inv_max, int64_t rotate, int64_t hk, int64_t sign,
-                          float rest) {
+                          float rest, int64_t count) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   const int64_t block_row = t1 * nb * t2;
   if (pa <= 0 || t1 <= 0 || nb <= 0 || t2 <= 0 || unb <= 0 || unb % (pa * block_row) != 0 ||
@@ -505,25 +542,29 @@ ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   }
   const int64_t calls = n / unb;
   if (static_cast<int64_t>(key.element_count()) != 2 * calls ||
-      static_cast<int64_t>(amax.element_count()) != calls) {
-    return ffi::Error::InvalidArgument("fp4lab_quantize: one key and one amax per call");
+      static_cast<int64_t>(amax.element_count()) != calls ||
+      static_cast<int64_t>(sat->element_count()) != calls) {
+    return ffi::Error::InvalidArgument(
+        "fp4lab_quantize: one key, one amax and one saturation count per call");
   }
   if (rotate && (t2 != 1 || hk < 0 || hk > 30 ||
                  static_cast<int64_t>(signs.element_count()) != calls * t1)) {
     return ffi::Error::InvalidArgument("fp4lab_quantize: a rotation needs t2 = 1 and t1 signs");
   }
   Params p{pa, t1, nb, t2, unb, rule, sr, stream, emax,
-           Elem{int32_t(kmin), int32_t(mbits), vmax}, inv_max, hk, sign != 0, rest};
+           Elem{int32_t(kmin), int32_t(mbits), vmax}, inv_max, hk, sign != 0, rest, count != 0};
   const int64_t units = n / block_row, per_call = unb / block_row;
   const int64_t grain = std::max<int64_t>(1, kPartElements / block_row);
   const int64_t parts = (units + grain - 1) / grain;
   const float* X = x.typed_data();
   float* O = out->typed_data();
-  if (rotate) {  // the rotated operand goes to the output, quantized there in place
+  if (rotate) {  // the rotated operand goes to `rotated` where asked, else to the output,
+                 // and is quantized from there
+    float* R = static_cast<int64_t>(rotated->element_count()) == n ? rotated->typed_data() : O;
     ParallelFor(pool, parts, [&](int64_t c) {
-      Rotate(X, O, signs.typed_data(), p, c * grain, std::min(units, (c + 1) * grain));
+      Rotate(X, R, signs.typed_data(), p, c * grain, std::min(units, (c + 1) * grain));
     });
-    X = O;
+    X = R;
   }
   std::vector<uint32_t> bmax(units * nb);
   ParallelFor(pool, parts, [&](int64_t c) {
@@ -550,9 +591,16 @@ ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
     }
   }
   const uint32_t* K = key.typed_data();
+  std::vector<std::atomic<int64_t>> saturated(calls);  // exact counts, in any order
+  for (auto& c : saturated) c = 0;
   ParallelFor(pool, parts, [&](int64_t c) {
-    Quantize(X, O, bmax.data(), terms.data(), K, p, c * grain, std::min(units, (c + 1) * grain));
+    Quantize(X, O, bmax.data(), terms.data(), K, p, c * grain, std::min(units, (c + 1) * grain),
+             saturated.data());
   });
+  float* S = sat->typed_data();
+  for (int64_t call = 0; call < calls; ++call) {
+    S[call] = static_cast<float>(saturated[call].load()) / static_cast<float>(unb);
+  }
   return ffi::Error::Success();
 }
 
@@ -565,6 +613,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fp4lab_quantize, QuantizeBlocks,
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("pa")
                                   .Attr<int64_t>("t1")
@@ -584,4 +634,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fp4lab_quantize, QuantizeBlocks,
                                   .Attr<int64_t>("rotate")
                                   .Attr<int64_t>("hk")
                                   .Attr<int64_t>("sign")
-                                  .Attr<float>("rest"));
+                                  .Attr<float>("rest")
+                                  .Attr<int64_t>("count"));

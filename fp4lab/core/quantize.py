@@ -38,6 +38,7 @@ __all__ = [
     "fake_quant",
     "quantize_blocks",
     "quantize_view",
+    "kernel_blocks",
     "restore_view",
     "dequantized_view",
     "dequantize_blocks",
@@ -243,6 +244,30 @@ def restore_view(xhat_b, spec: QuantSpec, shape, dtype, transform_key, rotated, 
     return restore(scaling.unblock(xhat_b), spec, shape, dtype, transform_key, rotated)
 
 
+def kernel_blocks(x, spec: QuantSpec, key, transform_key, amax, measure: bool = False):
+    """x_hat's blocks from the CPU kernel (where `fused.supports(spec, key, amax)`), the
+    Hadamard in the kernel where `fused.rotates`: (xhat_b, transform key, in-place view sizes
+    or None), as `quantize_view` blocks them; with `measure` also the rotated blocked input
+    and the saturated fraction, for the statistics (`fp4lab.core.stats`)."""
+    turn = fused.rotates(spec, layout.in_place_view(x.shape, spec))  # in the kernel
+    xb, k_round, transform_key, view, _ = _blocked(x, spec, key, transform_key, True, not turn)
+    out = fused.dequantized_blocks(
+        xb,
+        spec,
+        k_round,
+        amax,
+        in_place=view is not None,
+        rotate=turn,
+        transform_key=transform_key,
+        count=measure,
+        keep_rotated=measure and turn,
+    )
+    if not measure:
+        return out, transform_key, view
+    xhat_b, saturated, *rotated = out
+    return xhat_b, transform_key, view, rotated[0] if turn else xb, saturated
+
+
 def _blocked(x, spec: QuantSpec, key, transform_key, in_place: bool, rotate: bool = True):
     """The quantizer's input, checked, prepared and rotated (unless not `rotate`: in-place
     views only), in its blocked view: (xb, rounding key, transform key, in-place view sizes or
@@ -387,17 +412,7 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
 def _quantize_dequantize(x, spec, key, transform_key, amax, rotated, kernel):
     x = jnp.asarray(x)
     if kernel and fused.supports(spec, key, amax) and x.size < 2**32:
-        turn = fused.rotates(spec, layout.in_place_view(x.shape, spec))  # in the kernel
-        xb, k_round, transform_key, view, _ = _blocked(x, spec, key, transform_key, True, not turn)
-        xhat_b = fused.dequantized_blocks(
-            xb,
-            spec,
-            k_round,
-            amax,
-            in_place=view is not None,
-            rotate=turn,
-            transform_key=transform_key,
-        )
+        xhat_b, transform_key, view = kernel_blocks(x, spec, key, transform_key, amax)
         return restore_view(xhat_b, spec, x.shape, x.dtype, transform_key, rotated, view)
     return dequantized_view(x, spec, key, transform_key, amax, rotated)[0]
 

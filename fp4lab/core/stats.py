@@ -45,15 +45,17 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from fp4lab.core import cpu_kernels, formats, scaling, tiny
+from fp4lab.core import cpu_kernels, formats, fused, scaling, tiny
 from fp4lab.core.quantize import (
     dequantize_blocks,
     dequantize_terms,
     dequantized_view,
     grid_values,
+    kernel_blocks,
     quantize_blocks,
     quantize_dequantize,
     restore,
+    restore_view,
 )
 from fp4lab.core.spec import QuantSpec
 
@@ -90,7 +92,7 @@ def operand_stats(
     """
     if check_method(method) == "fused" and not _kernel_here():
         method = "reference"
-    return _operand_stats(a, spec, key, transform_key, amax, method)
+    return _operand_stats(a, spec, key, transform_key, amax, method, fused.enabled())
 
 
 def operand_stats_deferred(
@@ -106,7 +108,7 @@ def operand_stats_deferred(
     quantizes `a` again in its own layout, as the reference always has.
     """
     if check_method(method) == "fused" and _kernel_here():
-        x_hat, parts = _deferred_parts(a, spec, key, transform_key, amax)
+        x_hat, parts = _deferred_parts(a, spec, key, transform_key, amax, fused.enabled())
         fmt = formats.get_format(spec.elem)
         return x_hat, functools.partial(_measure_parts, *parts, fmt)
     x_hat = quantize_dequantize(
@@ -114,33 +116,49 @@ def operand_stats_deferred(
     )
 
     def measure():
-        return _operand_stats(a, spec, key, transform_key, amax, "reference")[1]
+        return _operand_stats(a, spec, key, transform_key, amax, "reference", False)[1]
 
     return x_hat, measure
 
 
-@functools.partial(jax.jit, static_argnames=("spec",))
-def _deferred_parts(a, spec, key, transform_key, amax):
-    """x_hat (`quantize_dequantize`'s, rotated), and what the kernel measures it from: the
-    blocked input, the element grid values, the block and outer scales (x_hat's blocks are
-    their products, taken as `dequantize_blocks` takes them: `tiny.dequantize_factors`, so
-    that no factor is a subnormal the kernel's flush-to-zero arithmetic would read as 0) and
-    four-over-six's choices (None without it)."""
+@functools.partial(jax.jit, static_argnames=("spec", "kernel"))
+def _deferred_parts(a, spec, key, transform_key, amax, kernel):
+    """x_hat (`quantize_dequantize`'s, rotated), and what the statistics kernel measures it
+    from: the blocked input, the element grid values, the block and outer scales (x_hat's
+    blocks are their products, taken as `dequantize_blocks` takes them:
+    `tiny.dequantize_factors`, so that no factor is a subnormal the kernel's flush-to-zero
+    arithmetic would read as 0) and four-over-six's choices (None without it).
+
+    Where the quantizer runs as its CPU kernel (`kernel`, `fp4lab.core.fused`), x_hat's blocks
+    come from it with the saturated fraction (and the rotated input, where the kernel
+    rotates), and stand for the grid values with scales of 1: (x_hat * 1) * 1 is x_hat, so the
+    statistics kernel's sums are the same bits."""
+    a = jnp.asarray(a)
+    if kernel and fused.supports(spec, key, amax) and a.size < 2**32:
+        xhat_b, transform_key, view, xb, saturated = kernel_blocks(
+            a, spec, key, transform_key, amax, measure=True
+        )
+        x_hat = restore_view(xhat_b, spec, a.shape, a.dtype, transform_key, True, view)
+        one = jnp.ones((), jnp.float32)
+        return x_hat, (xb, xhat_b, one, one, None, saturated)
     x_hat, xb, scaled, scope = dequantized_view(a, spec, key, transform_key, amax, True)
     fmt = formats.get_format(spec.elem)
     vals, outer = dequantize_terms(scaled, fmt, scope)
     factors = tiny.dequantize_factors(vals, scaled.scale, outer, fmt)
-    return x_hat, (xb, *factors, scaled.map4)
+    return x_hat, (xb, *factors, scaled.map4, None)
 
 
-def _measure_parts(xb, vals, scale, outer, map4, fmt):
+def _measure_parts(xb, vals, scale, outer, map4, saturated, fmt):
     """The fused statistics of one quantization from `_deferred_parts`' parts (as `_fused`).
 
     The kernel computes x_hat from the grid values and the scales rather than reading it: the
     GEMM's x_hat can then be written straight in the layout the GEMM wants (a transposed copy
     for the Wgrad operands), without a second copy in the blocked view for the kernel."""
     vmax = fmt.max * tiny.grid_unit(fmt)  # |vals| of a saturated element
-    five = cpu_kernels.block_stats(xb, vals, scale, outer, vmax)
+    if saturated is not None:  # the quantizer kernel's x_hat and count (`_deferred_parts`)
+        five = cpu_kernels.block_stats(xb, vals, scale, outer, float("inf")).at[3].set(saturated)
+    else:
+        five = cpu_kernels.block_stats(xb, vals, scale, outer, vmax)
     map4 = jnp.float32(0.0) if map4 is None else jnp.mean(map4)
     return jnp.concatenate([five, map4.astype(jnp.float32)[None]])
 
@@ -165,11 +183,11 @@ def _kernel_here() -> bool:
     return False
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "method"))
-def _operand_stats(a, spec, key, transform_key, amax, method):
+@functools.partial(jax.jit, static_argnames=("spec", "method", "kernel"))
+def _operand_stats(a, spec, key, transform_key, amax, method, kernel):
     a = jnp.asarray(a)
     if method == "fused":
-        return _fused(a, spec, key, transform_key, amax)
+        return _fused(a, spec, key, transform_key, amax, kernel)
     return _reference(a, spec, key, transform_key, amax)
 
 
@@ -196,8 +214,8 @@ def _reference(a, spec, key, transform_key, amax):
     return x_hat, stats
 
 
-def _fused(a, spec, key, transform_key, amax):
-    x_hat, parts = _deferred_parts(a, spec, key, transform_key, amax)
+def _fused(a, spec, key, transform_key, amax, kernel):
+    x_hat, parts = _deferred_parts(a, spec, key, transform_key, amax, kernel)
     return x_hat, _measure_parts(*parts, formats.get_format(spec.elem))
 
 

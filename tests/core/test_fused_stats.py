@@ -307,6 +307,47 @@ def test_a_vmapped_members_statistics_do_not_depend_on_the_batch():
     np.testing.assert_array_equal(jax.jit(jax.vmap(one))(xs)[1], batched)  # and twice the same
 
 
+def _bits(tree):
+    return [np.asarray(a).view(np.uint32) for a in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize("shape, axis", LAYOUTS)
+@pytest.mark.parametrize("name", SPECS)
+def test_the_quantizer_kernels_statistics_are_the_jnp_quantizers_bit_for_bit(
+    name, shape, axis, monkeypatch
+):
+    # where the quantizer runs as its CPU kernel, the statistics kernel measures the kernel's
+    # x_hat (scales of 1) and takes its saturation count: the same x_hat and the same bits
+    spec = SPECS[name].replace(axis=axis)
+    x = _x(shape, seed=2).at[(2,) * len(shape)].set(1e4)  # an outlier that saturates
+    key = jax.random.key(5)
+    got = operand_stats(x, spec, key=key)
+    got_deferred = operand_stats_deferred(x, spec, key=key)
+    monkeypatch.setenv("FP4LAB_QUANTIZER", "reference")
+    want = operand_stats(x, spec, key=key)
+    for g, w in zip(_bits(got), _bits(want), strict=True):
+        np.testing.assert_array_equal(g, w)
+    for g, w in zip(_bits((got_deferred[0], got_deferred[1]())), _bits(want), strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_the_quantizer_kernels_statistics_under_vmap(monkeypatch):
+    spec = fl.nvfp4(transform=H(16, "random"), rounding="stochastic", axis=0)
+    xs = jnp.stack([_x((64, 32), seed=s) for s in range(3)])
+    keys = jax.random.split(jax.random.key(5), 3)
+
+    def one(x, key):
+        return operand_stats(x, spec, key=key)
+
+    got = jax.jit(jax.vmap(one))(xs, keys)
+    assert "fp4lab_quantize" in jax.jit(jax.vmap(one)).lower(xs, keys).as_text()
+    monkeypatch.setenv("FP4LAB_QUANTIZER", "reference")
+    assert "fp4lab_quantize" not in jax.jit(jax.vmap(one)).lower(xs, keys).as_text()
+    want = jax.jit(jax.vmap(one))(xs, keys)
+    for g, w in zip(_bits(got), _bits(want), strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_nothing_differentiates_through_the_statistics():
     spec = fl.nvfp4()
 
