@@ -15,7 +15,9 @@ Two methods compute them (`operand_stats(..., method=)`):
     "fused"      the default: one pass over x and the grid values in the quantizer's blocked
                  view (`quantize_view`: an inner axis blocked where it lies), by a C++ kernel
                  on the CPU (`fp4lab.core.cpu_kernels`) that computes x_hat from them and the
-                 block and outer scales as the quantizer does. The float sums run in double
+                 block and outer scales as the quantizer does (where the quantizer itself
+                 runs as its CPU kernel, `fp4lab.core.fused`, from that kernel's x_hat with
+                 scales of 1, and its saturated count: the same bits). The float sums run in double
                  precision, so rel_err and bias are the float32 roundings of nearly exact
                  values; both are NaN for an operand holding a NaN or an infinity.
     "reference"  the jnp formulas, float32 sums in the order XLA gives them, in the moved
