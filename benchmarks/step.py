@@ -50,17 +50,17 @@ The row "nvfp4 jnp quantizer" is the same nvfp4 model with its quantizers traced
 reference (FP4LAB_QUANTIZER=reference) instead of the CPU kernel (`fp4lab.core.fused`): the
 two give the same bits; the rows compare their cost in one process.
 
-Measured (2 CPUs, load average 1.8 at the start and the end, its own two threads; jax 0.10.2):
+Measured (2 CPUs, load average 1.7 at the start, 1.7 at the end, its own threads; jax 0.10.2):
 
     row                  median ms/step  median first call s  compile s (CPU s)  HLO instr.  fusions
-    fp32                      267.9            0.80              0.36 (0.59)         2,504       202
-    nvfp4                     321.3            0.96              0.49 (0.80)         3,198       300
-    fp32 scanned              325.8            0.96              0.56 (1.00)         1,259       105
-    nvfp4 scanned             411.1            1.19              0.70 (1.23)         1,645       146
-    nvfp4 jnp quantizer       382.4            4.92              3.97 (5.13)        46,157       957
+    fp32                      254.1            0.83              0.38 (0.62)         2,504       202
+    nvfp4                     298.4            1.01              0.48 (0.77)         3,258       300
+    fp32 scanned              300.7            0.97              0.56 (0.99)         1,259       105
+    nvfp4 scanned             377.9            1.26              0.65 (1.12)         1,660       146
+    nvfp4 jnp quantizer       360.9            4.83              3.75 (4.86)        46,157       957
 
-    first call 1.21x fp32's (4 rounds): met;  step 1.20x [1.17, 1.22] (15 rounds): met
-    jnp quantizer: first call 6.06x, step 1.43x; the kernel's step 0.84x the jnp quantizer's
+    first call 1.22x fp32's (4 rounds): met;  step 1.18x [1.16, 1.20] (15 rounds): met
+    jnp quantizer: first call 5.77x, step 1.43x; the kernel's step 0.83x the jnp quantizer's
 
 Where the step went, and what changed it (jax.profiler traces, thread-milliseconds per step of
 the nvfp4 row; an earlier version of this note measured 1.51x):
