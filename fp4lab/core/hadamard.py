@@ -97,13 +97,8 @@ class Hadamard:
     def matrix(self, key: jax.Array | None = None) -> jax.Array:
         """R = diag(s) H / sqrt(n) as a float32 (n, n) array."""
         h = jnp.asarray(sylvester(self.size)) * jnp.float32(1.0 / np.sqrt(self.size))
-        s = _signs(self, key)
+        s = signs(self, key)
         return h if s is None else s[:, None] * h
-
-
-def signs(t: Hadamard, key: jax.Array | None) -> jax.Array | None:
-    """The sign vector s of R = diag(s) H / sqrt(n) (float32, (n,)), or None for "none"."""
-    return _signs(t, key)
 
 
 def scale_split(n: int) -> tuple[int, float]:
@@ -113,7 +108,8 @@ def scale_split(n: int) -> tuple[int, float]:
     return k, float(2.0**k / np.sqrt(n))
 
 
-def _signs(t: Hadamard, key: jax.Array | None) -> jax.Array | None:
+def signs(t: Hadamard, key: jax.Array | None) -> jax.Array | None:
+    """The sign vector s of R = diag(s) H / sqrt(n) (float32, (n,)), or None for "none"."""
     if t.signs == "none":
         return None
     if t.signs == "random":
@@ -215,7 +211,7 @@ def rotate(x: jax.Array, t: Hadamard, key: jax.Array | None = None, *, axis: int
     axis 0 last, rotating and moving it back, bit for bit (the quantizer relies on it to skip
     the transposes)."""
     xb, ax, signs_shape = _blocks_along(x, t, axis)
-    s = _signs(t, key)
+    s = signs(t, key)
     if s is not None:
         xb = xb * jnp.broadcast_to(s.reshape(signs_shape), xb.shape)  # x diag(s) H / sqrt(n)
     return _butterflies(xb, ax).reshape(x.shape)
@@ -225,7 +221,7 @@ def unrotate(x: jax.Array, t: Hadamard, key: jax.Array | None = None, *, axis: i
     """x R^T blockwise along `axis`: the inverse of `rotate` (R is orthogonal)."""
     xb, ax, signs_shape = _blocks_along(x, t, axis)
     out = _butterflies(xb, ax)
-    s = _signs(t, key)
+    s = signs(t, key)
     if s is not None:
         out = out * jnp.broadcast_to(s.reshape(signs_shape), out.shape)  # x H diag(s) / sqrt(n)
     return out.reshape(x.shape)

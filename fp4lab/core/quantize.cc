@@ -240,24 +240,35 @@ ScopeTerms TeScope(float amax_scope, bool has_scope, float inv_max) {
   return s;
 }
 
-// x's block (r, b) multiplier and x_hat's scale factor (2 * scale, read from the bits below
-// 2**-126, times `down`), from the block's amax bits
+// NVFP4 "te": block scale s_b = e4m3(min(amax_b * t, FLT_MAX)) (formats.round_scale onto E4M3:
+// emin -6, 3 mantissa bits, max 448) and x_hat's scale (s_b, NaN for a non-finite amax)
+inline void TeScale(uint32_t bmax, const ScopeTerms& s, float* s_b, float* scale) {
+  const float v = Min(F(bmax) * s.t, kFltMax);
+  const float a = Min(std::fabs(v), 448.0f);
+  const int32_t field = int32_t(U(a) >> 23) & 0xff;
+  const int32_t k = std::max(field, -6 + 127) - 3;
+  const float inv = F(uint32_t(254 - k) << 23);
+  const float y = a * inv;  // below 2**4: rounded to an integer, ties to even, as in Round
+  const float r = (y + 0x1p23f) - 0x1p23f;
+  *s_b = r / inv;
+  *scale = (bmax < kInf ? r : Nan()) / inv;
+}
+
+// x_hat's scale factor: 2 * scale (read from the bits below 2**-126), times `down`
+inline float ScaleFactor(float scale, const ScopeTerms& s) {
+  const uint32_t b = U(scale);
+  const float doubled = BelowNormal(scale) ? F(((b & kAbs) << 1) | (b & kSign)) : scale * 2.0f;
+  return doubled * s.down;
+}
+
+// x's block (r, b) multiplier and x_hat's scale factor, from the block's amax bits
 inline void BlockTerms(const Params& p, const ScopeTerms& s, uint32_t bmax, float* mul,
                        float* scale2) {
   const float amax_b = F(bmax);
-  const bool finite = bmax < kInf;
   float scale;
   if (p.rule == kTe) {
-    const float v = Min(amax_b * s.t, kFltMax);
-    // formats.round_scale onto E4M3 (emin -6, 3 mantissa bits, max 448)
-    const float a = Min(std::fabs(v), 448.0f);
-    const int32_t field = int32_t(U(a) >> 23) & 0xff;
-    const int32_t k = std::max(field, -6 + 127) - 3;
-    const float inv = F(uint32_t(254 - k) << 23);
-    const float y = a * inv;  // below 2**4: rounded to an integer, ties to even, as in Round
-    const float r = (y + 0x1p23f) - 0x1p23f;
-    const float s_b = r / inv;
-    scale = (finite ? r : Nan()) / inv;
+    float s_b;
+    TeScale(bmax, s, &s_b, &scale);
     const float plain = Min(1.0f / (s_b * s.s_dec), kFltMax);
     *mul = s.s_dec < 0x1p-60f ? Min((1.0f / ProductUp(s_b, s.s_dec)) * 0x1p64f, kFltMax) : plain;
   } else {
@@ -270,32 +281,20 @@ inline void BlockTerms(const Params& p, const ScopeTerms& s, uint32_t bmax, floa
     }
     e = std::min(e, 127 - int32_t(p.emax));
     *mul = Pow2(-e);
-    scale = finite ? Pow2(e) : Nan();
+    scale = bmax < kInf ? Pow2(e) : Nan();
   }
-  const uint32_t b = U(scale);
-  const float doubled = BelowNormal(scale) ? F(((b & kAbs) << 1) | (b & kSign)) : scale * 2.0f;
-  *scale2 = doubled * s.down;
+  *scale2 = ScaleFactor(scale, s);
 }
 
-// BlockTerms of NVFP4 "te" for n blocks with amax bits m, where S_dec >= 2**-60 (no lift):
-// its operations in its order, without branches, so that the compiler vectorizes them
+// BlockTerms of NVFP4 "te" for n blocks with amax bits m, where S_dec >= 2**-60 (no lift), in
+// a loop without branches, so that the compiler vectorizes it
 inline void TeTerms(const uint32_t* m, int64_t n, const ScopeTerms& s, float* mul,
                     float* scale2) {
   for (int64_t b = 0; b < n; ++b) {
-    const uint32_t bmax = m[b];
-    const float v = Min(F(bmax) * s.t, kFltMax);
-    const float a = Min(std::fabs(v), 448.0f);
-    const int32_t field = int32_t(U(a) >> 23) & 0xff;
-    const int32_t k = std::max(field, -6 + 127) - 3;
-    const float inv = F(uint32_t(254 - k) << 23);
-    const float y = a * inv;
-    const float r = (y + 0x1p23f) - 0x1p23f;
-    const float s_b = r / inv;
-    const float scale = (bmax < kInf ? r : Nan()) / inv;
+    float s_b, scale;
+    TeScale(m[b], s, &s_b, &scale);
     mul[b] = Min(1.0f / (s_b * s.s_dec), kFltMax);
-    const uint32_t sb = U(scale);
-    const float doubled = BelowNormal(scale) ? F(((sb & kAbs) << 1) | (sb & kSign)) : scale * 2.0f;
-    scale2[b] = doubled * s.down;
+    scale2[b] = ScaleFactor(scale, s);
   }
 }
 
