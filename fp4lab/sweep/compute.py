@@ -11,6 +11,12 @@ differences in the telemetry), and at width 2 still in 5 and 7 (1e-7); jit(train
 differs too. `lax.map` over the seeds is independent of the width (width 1 equals width 4,
 bit for bit, and the unbatched program) but not equal to vmap's result, so it would
 change every stored run's numbers and give up the batched matmuls; the padding stays.
+Compiled with `fp4lab.rl.common.EXACT_CPU` (elemental emitters, no YNNPACK fusions), the
+scanned LM of `experiments/randomness_vs_error_lm.py` (nvfp4-no-sr, telemetry with the shadow,
+30 steps) is width-independent in all 1352 output arrays (at XLA's -O3 and -O0); its compile
+took 49 s against 22 s and its width-4 call 3.73 s against 3.07 s (one process, -O3), while
+width 1 took 0.89 s: padding a 1-seed run costs 4x. The teacher MLP still differs in one array
+(grad_norm at -O3, eval_hp at -O0), reductions that `fp4lab.rl.common.global_norm` flattens.
 `compute_cell` takes and returns plain data, so a worker process or
 a Ray task can run it; it is the one place where the host-side sweep reaches the trainer, which
 it imports when first called (a driver that only reads results never loads the trainer, flax
