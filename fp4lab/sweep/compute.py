@@ -16,7 +16,8 @@ scanned LM of `experiments/randomness_vs_error_lm.py` (nvfp4-no-sr, telemetry wi
 30 steps) is width-independent in all 1352 output arrays (at XLA's -O3 and -O0); its compile
 took 49 s against 22 s and its width-4 call 3.73 s against 3.07 s (one process, -O3), while
 width 1 took 0.89 s: padding a 1-seed run costs 4x. The teacher MLP still differs in one array
-(grad_norm at -O3, eval_hp at -O0), reductions that `fp4lab.rl.common.global_norm` flattens.
+(grad_norm at -O3, eval_hp at -O0); neither source was traced (`optax.tree.norm`'s multi-axis
+reductions, which `fp4lab.rl.common.global_norm` flattens, are a suspect for grad_norm).
 `compute_cell` takes and returns plain data, so a worker process or
 a Ray task can run it; it is the one place where the host-side sweep reaches the trainer, which
 it imports when first called (a driver that only reads results never loads the trainer, flax
