@@ -82,6 +82,8 @@ def get_config():
     return fl.Config(
         d_model=32, n_layers=4, n_heads=4, batch_size=16, steps=150, lr=3e-3, warmup=10,
         eval_batches=4,
+        # the seed calls these committed results were computed with (fp4lab.sweep.compute)
+        pad_seeds=True,
     )  # fmt: skip
 
 

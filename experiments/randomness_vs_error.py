@@ -66,6 +66,8 @@ def get_config():
         telemetry_every=50,
         # the statistics these committed results were recorded with (fp4lab.core.stats)
         telemetry_stats="reference",
+        # the seed calls these committed results were computed with (fp4lab.sweep.compute)
+        pad_seeds=True,
     )
 
 

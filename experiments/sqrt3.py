@@ -54,6 +54,8 @@ def get_config():
         # the statistics these committed results were recorded with (fp4lab.core.stats)
         telemetry_stats="reference",
         recipe="nvfp4",
+        # the seed calls these committed results were computed with (fp4lab.sweep.compute)
+        pad_seeds=True,
     )
 
 

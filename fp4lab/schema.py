@@ -114,6 +114,7 @@ RECORDED_BEFORE: dict[str, Any] = {
     "task_args": [],
     "noise_keys": 0,
     "target_on": "train",
+    "pad_seeds": True,
 }
 
 

@@ -1,23 +1,31 @@
-"""Computing one cell: its seeds as vmapped, compiled training runs. Runs in any process.
+"""Computing one cell: its seeds as compiled training runs. Runs in any process.
 
-A run is one cell at one seed triple. The seeds of a cell run as vmapped calls of
-`config.seed_batch` seeds (fewer are padded with copies of the first): XLA's CPU kernels depend
-on the batch width, so a fixed width makes a seed's result independent of which other seeds
-share its call, bit for bit. So a 1-seed run computes `seed_batch` seeds. Measured on the tests'
-teacher MLP (NVFP4, telemetry) and scanned LM: a seed computed by jit(vmap(train)) at width 1
-differs from the same seed at width 4 in 23 of 81 and 55 of 562 output arrays (the fp32 MLP's
-step-0 loss already, in its last bit; flipped FP4 roundings then reach 3 % and 9 % relative
-differences in the telemetry), and at width 2 still in 5 and 7 (1e-7); jit(train) unbatched
-differs too. `lax.map` over the seeds is independent of the width (width 1 equals width 4,
-bit for bit, and the unbatched program) but not equal to vmap's result, so it would
-change every stored run's numbers and give up the batched matmuls; the padding stays.
-Compiled with `fp4lab.rl.common.EXACT_CPU` (elemental emitters, no YNNPACK fusions), the
-scanned LM of `experiments/randomness_vs_error_lm.py` (nvfp4-no-sr, telemetry with the shadow,
-30 steps) is width-independent in all 1352 output arrays (at XLA's -O3 and -O0); its compile
-took 49 s against 22 s and its width-4 call 3.73 s against 3.07 s (one process, -O3), while
-width 1 took 0.89 s: padding a 1-seed run costs 4x. The teacher MLP still differs in one array
-(grad_norm at -O3, eval_hp at -O0); neither source was traced (`optax.tree.norm`'s multi-axis
-reductions, which `fp4lab.rl.common.global_norm` flattens, are a suspect for grad_norm).
+A run is one cell at one seed triple. The seeds of a cell run in calls of at most
+`config.seed_batch` seeds, and a seed's numbers are bit-identical whichever seeds share its call,
+and however many. How, `Config.pad_seeds` chooses:
+
+    False (the default)  on the CPU, the seeds of a call run one after the other in one program
+                         (`jax.lax.map` over `make_train(cfg)`): each seed's computation is the
+                         program of that seed alone, whatever the width, so a call is only as
+                         wide as its seeds and a 1-seed run computes one seed. Off the CPU, as
+                         True (a GPU computes a vmapped batch in parallel).
+    True                 the seeds are vmapped (`jax.vmap`), every call `seed_batch` wide, the
+                         last padded with copies of its first seed: XLA's CPU kernels depend on
+                         the batch width (at width 4 the dots, activations and reductions become
+                         one YNNPACK fusion with its own summation order; at width 1 the batch
+                         axis is simplified away and reductions become reductions to a scalar,
+                         vectorized another way), so only a fixed width is independent of the
+                         other seeds. How the runs recorded before the field were computed
+                         (`fp4lab.schema.RECORDED_BEFORE`); they reproduce with it.
+
+Measured on the scanned LM of `experiments/randomness_vs_error_lm.py` (nvfp4-no-sr, telemetry
+with the shadow, 30 steps; one process, 2 CPUs): a seed at width 1 and at width 4 of the
+sequential program agree in all 1352 output arrays, while the vmapped program's differ in 926;
+a width-4 call took 6.41 s sequential against 6.16 s vmapped (batching gains little where the
+matmuls fill the cores) and compiled in 43 s against 44 s, and a 1-seed call took 1.76 s,
+0.29x the padded call's time. On a small MLP, where per-op overhead dominates, vmap does pay:
+`python benchmarks/sweep.py` prints both modes side by side.
+
 `compute_cell` takes and returns plain data, so a worker process or
 a Ray task can run it; it is the one place where the host-side sweep reaches the trainer, which
 it imports when first called (a driver that only reads results never loads the trainer, flax
@@ -26,6 +34,7 @@ or optax).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -43,7 +52,15 @@ from fp4lab.sweep import programs as stored_programs
 from fp4lab.sweep.provenance import cpu
 from fp4lab.train.config import Config
 
-__all__ = ["check_cell", "compute_cell", "clear_cache", "progress_every", "use_compile_cache"]
+__all__ = [
+    "call_width",
+    "check_cell",
+    "compute_cell",
+    "clear_cache",
+    "progress_every",
+    "sequential",
+    "use_compile_cache",
+]
 
 
 def use_compile_cache(
@@ -69,7 +86,7 @@ def use_compile_cache(
         os.environ[stored_programs.ENV] = str(Path(folder) / "programs")
 
 
-_COMPILED: dict[tuple[Config, int], tuple[Callable, float]] = {}
+_COMPILED: dict[tuple[Config, int, int], tuple[Callable, float]] = {}  # (cfg, every, width)
 _REPORT: list[Callable | None] = [None]  # where the step callbacks of the running call go
 _TRACED: set[Config] = set()  # configs traced in this process (see `_compiled`)
 
@@ -148,35 +165,57 @@ def clear_cache(config: Config | None = None) -> None:
             del _COMPILED[key]
 
 
+def sequential(cfg: Config) -> bool:
+    """Whether the seeds of `cfg`'s calls run one after the other here (`Config.pad_seeds`
+    False, on the CPU backend), so that a call is only as wide as its seeds."""
+    return not cfg.pad_seeds and jax.default_backend() == "cpu"
+
+
+def call_width(cfg: Config, seeds: int) -> int:
+    """How many seeds wide the call that computes `seeds` of them (<= seed_batch) is."""
+    return seeds if sequential(cfg) else cfg.seed_batch
+
+
 def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
-    """jit(vmap(train)) compiled for `cfg` (cached per process), and its compile seconds;
-    with `every` > 0, with step reports every `every` steps. With stored programs on
-    (`fp4lab.sweep.programs`), what compiles is the exported program (not for reports through
-    a Python callback, which cannot be exported)."""
+    """jit(lax.map(train)) where `sequential`, else jit(vmap(train)), compiled for `cfg` and the
+    width of `keys` (cached per process), and its compile seconds; with `every` > 0, with step
+    reports every `every` steps. With stored programs on (`fp4lab.sweep.programs`), what
+    compiles is the exported program (not for reports through a Python callback, which cannot
+    be exported)."""
     from fp4lab.train import trainer  # lazy: the trainer (flax, optax) loads on the first cell
 
-    if (cfg, every) not in _COMPILED:
+    width = len(jax.tree.leaves(keys)[0])
+    if (cfg, every, width) not in _COMPILED:
         if cfg in _TRACED:
             # a second trace of one config in a process (with and without step reports, or
             # after clear_cache) reused jax's cached inner traces of the first and got an
             # executable that wants the first's hoisted constants ("compiled for 11 inputs
-            # but called with 3", the scanned LM): start the traces afresh
+            # but called with 3", the scanned LM): start the traces afresh (for another call
+            # width too)
             jax.clear_caches()
         _TRACED.add(cfg)
         t0 = time.perf_counter()
         train = trainer.make_train(cfg, _emit, every) if every else trainer.make_train(cfg)
+        if sequential(cfg):
+
+            @functools.wraps(train)  # the program keeps its name, jit_train
+            def seeds(keys):
+                return jax.lax.map(train, keys)  # one seed after the other
+
+        else:
+            seeds = jax.vmap(train)
         where = stored_programs.folder()
         if (
             where is not None
             and (not every or _kernel_reports())
             and jax.default_backend() == "cpu"
         ):
-            program = stored_programs.exported(jax.vmap(train), cfg, keys, where, every)
+            program = stored_programs.exported(seeds, cfg, keys, where, every)
             fn = jax.jit(program.call).lower(keys).compile()
         else:
-            fn = jax.jit(jax.vmap(train)).lower(keys).compile()
-        _COMPILED[cfg, every] = fn, time.perf_counter() - t0
-    return _COMPILED[cfg, every]
+            fn = jax.jit(seeds).lower(keys).compile()
+        _COMPILED[cfg, every, width] = fn, time.perf_counter() - t0
+    return _COMPILED[cfg, every, width]
 
 
 def compute_cell(
@@ -186,12 +225,14 @@ def compute_cell(
     every: int | None = None,
 ) -> list[dict]:
     """Runs the seeds of one cell; returns one dict per seed: summary, series, telemetry, wall_s
-    (run seconds per seed), compile_s (the cell's compile seconds, 0 when cached) and cpu (the
+    (run seconds per seed), compile_s (the seconds this call spent compiling the program of the
+    seed's call, 0 when it was cached) and cpu (the
     CPU that computed it, `fp4lab.sweep.provenance.cpu`: a worker's, not the driver's).
 
-    Seeds run in vmapped calls of `seed_batch` (the last call padded with the first seed), so
-    each seed's numbers are bit-identical whichever seeds share its call. Takes and returns only
-    plain data, so any process (or a Ray worker) can run it.
+    Seeds run in calls of at most `seed_batch` (`call_width`; vmapped and padded with copies of
+    the first seed under `Config.pad_seeds`), so each seed's numbers are bit-identical whichever
+    seeds share its call. Takes and returns only plain data, so any process (or a Ray worker)
+    can run it.
 
     `progress`, when given, receives events as plain dicts while the cell runs:
     {"event": "compile"} before a compile and {"event": "compiled", "seconds"} after it, then
@@ -213,26 +254,29 @@ def compute_cell(
     host = cpu()
     task = tasks.make_task(cfg)
     out = []
-    width = cfg.seed_batch
+    batch = cfg.seed_batch
     if progress is None:
         every = 0
     elif every is None:
         every = progress_every(cfg)
     elif isinstance(every, bool) or not isinstance(every, int) or every < 0:
         raise ValueError(f"compute_cell: every={every!r}; must be an int >= 0")
-    cached = (cfg, every) in _COMPILED
-    for lo in range(0, len(seeds), width):
-        chunk = [tuple(int(v) for v in s) for s in seeds[lo : lo + width]]
+    fresh: dict[int, float] = {}  # compile seconds of the widths compiled by this call
+    for lo in range(0, len(seeds), batch):
+        chunk = [tuple(int(v) for v in s) for s in seeds[lo : lo + batch]]
+        width = call_width(cfg, len(chunk))
         padded = chunk + [chunk[0]] * (width - len(chunk))
         keys = jax.tree.map(lambda *k: jnp.stack(k), *[trainer.make_keys(*s) for s in padded])
-        if progress is not None and (cfg, every) not in _COMPILED:
+        cached = (cfg, every, width) in _COMPILED
+        if progress is not None and not cached:
             progress({"event": "compile"})
         fn, compile_s = _compiled(cfg, keys, every)
-        if progress is not None:
-            if not cached and lo == 0:
+        if not cached:
+            fresh[width] = compile_s
+            if progress is not None:
                 progress({"event": "compiled", "seconds": compile_s})
-            if every:
-                _REPORT[0] = _step_reporter(progress, keys, chunk, cfg.steps)
+        if progress is not None and every:
+            _REPORT[0] = _step_reporter(progress, keys, chunk, cfg.steps)
         t0 = time.perf_counter()
         try:
             if every and _kernel_reports():
@@ -246,7 +290,7 @@ def compute_cell(
         for i, _ in enumerate(chunk):
             one = jax.tree.map(lambda a, i=i: np.asarray(a[i]), arrays)
             summary = summarize(cfg, one, task)
-            summary["compile_s"] = 0.0 if cached else compile_s
+            summary["compile_s"] = fresh.get(width, 0.0)
             series = {k: one[k] for k in SERIES if k in one}
             tel = {"steps": trainer.log_steps(cfg), "metrics": one["telemetry"]}
             out.append(
@@ -262,7 +306,7 @@ def compute_cell(
 
 
 def _step_reporter(progress: Callable, keys, chunk: list[tuple], steps: int) -> Callable:
-    """The reporter of one vmapped call: tells its seeds apart by their stream keys' data
+    """The reporter of one call: tells its seeds apart by their stream keys' data
     (padding copies of the first seed report as the first seed) and passes plain events on."""
     data = [np.asarray(jax.random.key_data(keys[s])) for s in STREAMS]
     data = np.concatenate([d.reshape(len(d), -1) for d in data], axis=1)

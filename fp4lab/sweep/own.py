@@ -12,8 +12,8 @@
 The functions follow the contract of an experiment file (`fp4lab.train.own`): `model(config,
 rngs)`, `loss(model, batch)`, `batch(key, step)` (or `batch(config, key, step)`), optional
 `eval_batch`, `floor` (the known optimum) and `tokens_per_step`. The seed streams keep their
-meaning: init seeds the model, data the batches, quant the quantizer; seeds run as vmapped
-calls, each seed bit-identical whichever seeds share its call.
+meaning: init seeds the model, data the batches, quant the quantizer; seeds run in calls of
+`seed_batch`, each seed bit-identical whichever seeds share its call.
 
 What identifies the task in run ids (`task_hash`): the source of the functions and of every
 function and class of their modules they reach by name, and the values they hold in a closure

@@ -3,10 +3,10 @@
 jax's persistent compilation cache skips XLA's compile, not what comes before it: tracing the model
 in Python and lowering it to StableHLO, about 40 % of what a cached cell costs on the CPU. With
 `use_compile_cache(folder, programs=True)` (what `fp4lab run` does), `fp4lab.sweep.compute` exports
-(`jax.export`) each cell's jit(vmap(train)) into `folder/programs` and compiles the exported
-program; a later process that computes the same cell loads the exported program from there, and its
-compile then comes from jax's cache as well. Both processes compile the same exported program, so
-results do not depend on which of them traced it.
+(`jax.export`) each cell's call (lax.map or vmap of train) into `folder/programs` and compiles the
+exported program; a later process that computes the same cell loads the exported program from
+there, and its compile then comes from jax's cache as well. Both processes compile the same
+exported program, so results do not depend on which of them traced it.
 
 A stored program is the trace of the code that made it, so its key covers everything the trace
 reads: the config (`Config.to_dict`, which writes a recipe registered at run time as its value),

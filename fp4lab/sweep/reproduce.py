@@ -3,13 +3,16 @@
     import fp4lab as fl
     fresh = fl.sweep.reproduce("results/quickstart", run_id)   # raises unless every bit matches
 
-A sweep runs a cell's seeds as vmapped calls of `config.seed_batch` seeds, the last call padded
-with copies of its first seed (`fp4lab.sweep.compute`). XLA's kernels depend on the batch width,
-so `fl.train.make_train(cfg)` called on one seed's keys is *not* the stored run (its last bits
-differ, and a long run drifts); the same vmapped call of width `seed_batch` is, whichever seeds
-share it. `reproduce` therefore reruns the stored config and seed triple through
-`compute_cell`, the function the sweep itself used, padded to the same width, and compares
-every per-step series, every telemetry value and every summary number with the record.
+A sweep runs a cell's seeds in calls of at most `config.seed_batch` seeds
+(`fp4lab.sweep.compute`). On the CPU, a run of `Config.pad_seeds=False` (the default) ran one
+seed after the other in its call, so its numbers are those of the seed alone:
+`jax.jit(fl.train.make_train(cfg))(fl.train.make_keys(*seeds))` gives them (tested). A run
+recorded with `pad_seeds=True` (every run recorded before the field) sat in a vmapped call of
+width `seed_batch`, whose XLA kernels depend on the width, so the seed alone is *not* that run
+(its last bits differ, and a long run drifts); the same call of width `seed_batch`, padded with
+copies of the seed, is. `reproduce` therefore reruns the stored config and seed triple through
+`compute_cell`, the function the sweep itself used, which does either, and compares every
+per-step series, every telemetry value and every summary number with the record.
 
 By hand: `compute_cell(record["config"], [seed triple])` gives the same numbers, provided the
 data files have the hashes in the record and `NUMERICS_VERSION` is the record's.

@@ -6,7 +6,7 @@
 
 Finished runs are skipped (a run's id hashes its resolved config, seeds, data hashes and the
 numerics version, `fp4lab.sweep.store.run_id`). The work is cut into seed batches (a cell's
-unfinished seeds, `seed_batch` at a time, the width of one vmapped call), and each batch's
+unfinished seeds, `seed_batch` at a time, one compiled call), and each batch's
 records are written as soon as it finishes, so a kill loses at most the batches in flight.
 Executors compute batches and return arrays; this process writes the store. `local` runs them
 here, one after another, or in `workers` processes; `ray` runs them as Ray tasks.
@@ -28,7 +28,7 @@ from fp4lab.schema import STREAMS
 from fp4lab.sweep import executors, failures, lock
 from fp4lab.sweep import ray as ray_executor
 from fp4lab.sweep import store as results_store
-from fp4lab.sweep.compute import compute_cell
+from fp4lab.sweep.compute import call_width, compute_cell
 from fp4lab.sweep.executors import Compute
 from fp4lab.sweep.experiment import Cell, Experiment, ExperimentError
 from fp4lab.sweep.progress import Progress
@@ -78,7 +78,7 @@ def pending(
 
 
 def batches(todo: list[tuple[Cell, list, list[str]]]) -> list[tuple[Cell, list, list[str]]]:
-    """The work cut into seed batches of each cell's `seed_batch` (one vmapped call each):
+    """The work cut into seed batches of each cell's `seed_batch` (one compiled call each):
     (cell, seeds, their run ids)."""
     out = []
     for cell, seeds, ids in todo:
@@ -234,14 +234,16 @@ def _sweep(
     if progress_every is not None and "every" in _parameters(compute):
         compute = functools.partial(compute, every=progress_every)
     labels = [f"{cell.label} (seeds {_seed_range(seeds)})" for cell, seeds, _ in work]
-    programs = {cell.config: i for i, (cell, _, _) in enumerate(work)}
+    # batches sharing a compiled program: one per config and call width (`call_width`)
+    shapes = [(cell.config, call_width(cell.config, len(seeds))) for cell, seeds, _ in work]
+    programs = {shape: i for i, shape in enumerate(shapes)}
     bar = Progress(
         len(work),
         n_todo,
         enabled=progress,
         labels=labels,
         steps=[cell.config.steps for cell, _, _ in work],
-        compiles=[programs[cell.config] for cell, _, _ in work],
+        compiles=[programs[shape] for shape in shapes],
         parallel=workers if executor == "local" else 1,
     )
     if not work:

@@ -192,7 +192,15 @@ class Config:
     # as the synthetic tasks do): an eval_hp at every step, one batch each, one more forward
     target_on: str = "train"
     # execution
-    seed_batch: int = 4  # seeds per vmapped call; fewer are padded, so bits never depend on it
+    seed_batch: int = 4  # seeds per compiled call at most (fp4lab.sweep.compute)
+    # how a seed's bits are kept independent of the seeds that share its call
+    # (fp4lab.sweep.compute). False: on the CPU, the seeds of a call run one after the other
+    # (lax.map) in one program, each as jit(make_train(config)) computes it alone, and a call
+    # is only as wide as its seeds (a 1-seed run computes one seed). True: every call is vmapped
+    # and seed_batch wide, padded with copies of its first seed: how the runs recorded before
+    # this field were computed (`RECORDED_BEFORE`). Off the CPU, calls are vmapped and padded
+    # either way.
+    pad_seeds: bool = False
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

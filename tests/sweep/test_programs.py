@@ -111,7 +111,7 @@ def test_a_damaged_program_is_traced_again(tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning, match="cannot read the stored program"):
         again = compute.compute_cell(CFG.to_dict(), SEEDS[:1])
     _equal(first, again)
-    assert programs.exported(None, CFG, _keys(CFG.seed_batch), tmp_path)  # repaired: loads
+    assert programs.exported(None, CFG, _keys(1), tmp_path)  # repaired: loads (1 seed, width 1)
     compute.clear_cache(CFG)
 
 
