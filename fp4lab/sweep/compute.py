@@ -235,7 +235,8 @@ def compute_cell(
     can run it.
 
     `progress`, when given, receives events as plain dicts while the cell runs:
-    {"event": "compile"} before a compile and {"event": "compiled", "seconds"} after it, then
+    {"event": "compile"} before a compile and {"event": "compiled", "seconds", "width"} after it
+    (width: the seeds the compiled call takes, `call_width`), then
     {"event": "step", "seed": (init, data, quant), "step", "steps", "loss", "grad_norm",
     "loss_scale"} every `every` steps of each seed (default `progress_every`; 0: no step events,
     the compile events only, and the program of a run without them) from inside the
@@ -274,7 +275,7 @@ def compute_cell(
         if not cached:
             fresh[width] = compile_s
             if progress is not None:
-                progress({"event": "compiled", "seconds": compile_s})
+                progress({"event": "compiled", "seconds": compile_s, "width": width})
         if progress is not None and every:
             _REPORT[0] = _step_reporter(progress, keys, chunk, cfg.steps)
         t0 = time.perf_counter()

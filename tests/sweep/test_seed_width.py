@@ -45,28 +45,33 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return np.array_equal(a, b)
 
 
-def _widths(cfg: Config) -> list[int]:
-    """The call widths compiled for `cfg` in this process."""
-    return sorted({width for c, _, width in compute._COMPILED if c == cfg})
+def _compute(cfg: Config, seeds: list, widths: list) -> list[dict]:
+    """`compute_cell` on `seeds`, the widths of the calls it compiled appended to `widths` (its
+    compile events; `every=0`: the program without step reports, as with no `progress`)."""
+    events = []
+    out = compute.compute_cell(cfg.to_dict(), seeds, events.append, every=0)
+    widths += [e["width"] for e in events if e["event"] == "compiled"]
+    return out
 
 
 @pytest.mark.parametrize("cfg", [TEACHER, LM], ids=["teacher", "lm"])
 def test_a_seed_has_the_same_bits_at_every_call_width(cfg):
     compute.clear_cache(cfg)
-    alone = compute.compute_cell(cfg.to_dict(), [SEED])[0]
-    assert _widths(cfg) == [1]  # a 1-seed run computes one seed
+    widths = []
+    alone = _compute(cfg, [SEED], widths)[0]
+    assert widths == [1]  # a 1-seed run computes one seed
     mine = _leaves(alone)
     assert any(k.startswith("['telemetry']['metrics']['grad/") for k in mine)  # the shadow ran
     others = [(4, 5, 6), (7, 7, 7), (0, 0, 0)]
     for width in sorted({2, cfg.seed_batch}):
-        shared = compute.compute_cell(cfg.to_dict(), [*others[: width - 1], SEED])
+        shared = _compute(cfg, [*others[: width - 1], SEED], widths)
         theirs = _leaves(shared[-1])
         assert mine.keys() == theirs.keys()
         differ = [k for k in mine if not _same(mine[k], theirs[k])]
         assert not differ, (width, differ)
         # the seeds are not copies of each other: the comparison could have failed
         assert not np.array_equal(shared[0]["series"]["loss"], shared[-1]["series"]["loss"])
-    assert _widths(cfg) == sorted({1, 2, cfg.seed_batch})
+    assert widths == sorted({1, 2, cfg.seed_batch})
     # and the seed alone, as a researcher would run it by hand, is the stored run
     by_hand = jax.device_get(jax.jit(trainer.make_train(cfg))(trainer.make_keys(*SEED)))
     for k, v in alone["series"].items():
@@ -81,14 +86,13 @@ def test_a_cell_compiles_one_program_per_width_it_needs():
     cfg = TEACHER.replace(telemetry_every=0, shadow=False, noise_keys=0, target_on="train",
                           seed_batch=2)  # fmt: skip
     compute.clear_cache(cfg)
-    events = []
-    out = compute.compute_cell(cfg.to_dict(), [(0, 0, 0), (1, 1, 1), (2, 2, 2)], events.append)
-    assert _widths(cfg) == [1, 2]  # calls of 2 and 1, no padding
-    assert [e["event"] for e in events].count("compiled") == 2
+    widths = []
+    out = _compute(cfg, [(0, 0, 0), (1, 1, 1), (2, 2, 2)], widths)
+    assert widths == [2, 1]  # calls of 2 and 1, no padding
     compile_s = [r["summary"]["compile_s"] for r in out]
     assert compile_s[0] == compile_s[1] > 0 and compile_s[2] > 0
-    again = compute.compute_cell(cfg.to_dict(), [(2, 2, 2)], events.append)
-    assert again[0]["summary"]["compile_s"] == 0.0  # cached
+    again = _compute(cfg, [(2, 2, 2)], widths)
+    assert widths == [2, 1] and again[0]["summary"]["compile_s"] == 0.0  # cached
     assert np.array_equal(again[0]["series"]["loss"], out[2]["series"]["loss"])
 
 
@@ -96,9 +100,11 @@ def test_padded_runs_keep_their_program_and_their_ids():
     cfg = TEACHER.replace(telemetry_every=0, shadow=False, noise_keys=0, target_on="train",
                           seed_batch=3, pad_seeds=True)  # fmt: skip
     compute.clear_cache(cfg)
-    one = compute.compute_cell(cfg.to_dict(), [SEED])[0]
-    assert _widths(cfg) == [3]  # padded with copies of the seed
-    three = compute.compute_cell(cfg.to_dict(), [(0, 0, 0), SEED, (5, 5, 5)])[1]
+    widths = []
+    one = _compute(cfg, [SEED], widths)[0]
+    assert widths == [3]  # padded with copies of the seed
+    three = _compute(cfg, [(0, 0, 0), SEED, (5, 5, 5)], widths)[1]
+    assert widths == [3]
     assert np.array_equal(one["series"]["loss"], three["series"]["loss"])
     # a record made before the field reads as pad_seeds=True and keeps its id
     old = {k: v for k, v in cfg.to_dict().items() if k != "pad_seeds"}
