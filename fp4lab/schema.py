@@ -274,7 +274,7 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
     ),
     "tokens_per_step": ("int", "tokens (or examples) per step", _SUMMARY),
     "compile_s": ("float", "the cell's compile seconds (0: cached)", _SUMMARY),
-    "wall_s": ("float", "seconds of the run (its share of a vmapped call)", _LOAD),
+    "wall_s": ("float", "seconds of the run (its share of its call)", _LOAD),
 }
 RUNS_CONFIG = ("a Config field", "the run's config", _LOAD)
 _METRICS = "fp4lab.load(folder).metrics"
