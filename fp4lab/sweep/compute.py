@@ -226,8 +226,8 @@ def compute_cell(
 ) -> list[dict]:
     """Runs the seeds of one cell; returns one dict per seed: summary, series, telemetry, wall_s
     (run seconds per seed), compile_s (the seconds this call spent compiling the program of the
-    seed's call, 0 when it was cached) and cpu (the
-    CPU that computed it, `fp4lab.sweep.provenance.cpu`: a worker's, not the driver's).
+    seed's call, 0 when it was cached) and cpu (the CPU that computed it,
+    `fp4lab.sweep.provenance.cpu`: a worker's, not the driver's).
 
     Seeds run in calls of at most `seed_batch` (`call_width`; vmapped and padded with copies of
     the first seed under `Config.pad_seeds`), so each seed's numbers are bit-identical whichever
