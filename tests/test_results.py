@@ -1,10 +1,11 @@
-"""The committed results stay small and recompute: all of results/ within 30 MB on disk (the
-sweeps compacted, `fp4lab.sweep.compact`), and two rows of results/README.md, the sqrt3 rows'
-tables, recomputed to the byte from the committed records and metrics.
+"""The committed results stay small and recompute: the files of results/ that the repository
+carries (`git ls-files`) within 30 MB (the sweeps compacted, `fp4lab.sweep.compact`), and two rows
+of results/README.md, the sqrt3 rows' tables, recomputed to the byte from the committed records and
+metrics.
 
-The summary indexes a reader builds beside the files (`index.sqlite`) are not counted: they are
-derived, ignored by git, built by other tests while this one runs, and removed at the end of the
-test run (tests/conftest.py)."""
+Only tracked files count: a user's own output under results/ (README command A writes
+results/quickstart, which git ignores) and the summary indexes a reader builds beside the files
+(`index.sqlite`, ignored too) are not the repository's size."""
 
 import subprocess
 from pathlib import Path
@@ -17,16 +18,34 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT_MB = 30
 
 
+def tracked_bytes(folder: str) -> int:
+    """The bytes of the files under `folder` that git tracks (as they are in the work tree)."""
+    names = subprocess.run(
+        ["git", "ls-files", "-z", "--", folder], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    assert any(names), f"git tracks no file under {folder}/"
+    return sum((ROOT / name.decode()).stat().st_size for name in names if name)
+
+
 def test_results_take_at_most_30_mb():
-    kb = int(
-        subprocess.run(
-            ["du", "-sk", "--exclude=index.sqlite*", ROOT / "results"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()[0]
-    )
-    assert kb <= LIMIT_MB * 1024, f"results/ takes {kb / 1024:.1f} MB"
+    mb = tracked_bytes("results") / 2**20
+    assert mb <= LIMIT_MB, f"the committed results/ take {mb:.1f} MB"
+
+
+def test_the_size_check_ignores_untracked_output(tmp_path):
+    """A user's own results (untracked, here an ignored 1 MB file) leave the count unchanged."""
+    before = tracked_bytes("results")
+    folder = ROOT / "results" / "quickstart"  # where README command A writes
+    made = not folder.exists()
+    extra = folder / f"size-probe-{tmp_path.name}.bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        extra.write_bytes(b"\0" * 2**20)
+        assert tracked_bytes("results") == before
+    finally:
+        extra.unlink()
+        if made:
+            folder.rmdir()
 
 
 @pytest.mark.parametrize("table", ["gnr", "loss"])
