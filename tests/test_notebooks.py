@@ -1,8 +1,10 @@
-"""The notebooks run top to bottom (tiny mode), and `fp4lab report` writes every figure.
+"""The notebooks run top to bottom on the committed results, and `fp4lab report` writes every
+figure.
 
-Each notebook is executed in a fresh kernel of this interpreter with FP4LAB_TINY=1: its first
-cells run a tiny sweep into a temporary folder instead of reading results/, so the test never
-depends on committed results. Nothing is written back to the notebooks.
+Each notebook is executed headless in a fresh kernel of this interpreter, reading results/
+through `fl.load` (compacted folders included); its first output says which data it shows, the
+numbers it prints are the committed CSVs' numbers, and without its results it stops with an error
+instead of showing something else. Nothing is written back to the notebooks.
 """
 
 import base64
@@ -11,17 +13,21 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from nbclient import NotebookClient
 
+import fp4lab as fl
 from fp4lab import cli, sweep
 from fp4lab.analysis import plots
 from fp4lab.sweep import store
 
 pytestmark = pytest.mark.slow  # notebooks run in a kernel
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+RESULTS = ROOT / "results"
 NAMES = ("gradient_flow_heatmap", "randomness_vs_error", "formats_tour", "rl_mismatch")
 
 
@@ -41,8 +47,8 @@ def kernel(tmp_path_factory):
     return root
 
 
-def execute(name: str, kernel, monkeypatch) -> nbformat.NotebookNode:
-    monkeypatch.setenv("FP4LAB_TINY", "1")
+def execute(name: str, kernel, monkeypatch, folder: Path = NOTEBOOKS) -> nbformat.NotebookNode:
+    """Runs notebooks/<name>.ipynb in `folder` (it reads ../results from there)."""
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.delenv("MPLBACKEND", raising=False)
     if kernel is not None:
@@ -52,7 +58,7 @@ def execute(name: str, kernel, monkeypatch) -> nbformat.NotebookNode:
         nb,
         kernel_name="python3",
         timeout=120,
-        resources={"metadata": {"path": str(NOTEBOOKS)}},
+        resources={"metadata": {"path": str(folder)}},
     )
     client.execute()
     return nb
@@ -64,17 +70,62 @@ def outputs(nb, kind: str) -> list:
     ]
 
 
+def texts(nb) -> str:
+    """Everything the notebook printed or displayed as text, in order."""
+    parts = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            if o.output_type == "stream":
+                parts.append(o.text)
+            elif "data" in o:
+                parts.append(o["data"].get("text/plain", "") + o["data"].get("text/html", ""))
+    return "\n".join(parts)
+
+
+def numbers(text: str) -> list[float]:
+    return [float(m) for m in re.findall(r"-?\d+\.\d+(?:e-?\d+)?", text)]
+
+
+def shown(value: float, text: str, rel: float = 5e-5) -> bool:
+    """Whether `value` (a committed CSV's, to 5 significant digits) is displayed in `text`."""
+    return any(abs(v - value) <= rel * abs(value) for v in numbers(text))
+
+
+def first_output(nb) -> str:
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.outputs:
+            o = cell.outputs[0]
+            return o.text if o.output_type == "stream" else str(o.get("data", {}))
+    return ""
+
+
 def test_notebooks_are_stored_without_outputs():
     for name in NAMES:
         nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
         nbformat.validate(nb)
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert code and all(not c.outputs and c.execution_count is None for c in code), name
-        assert "FP4LAB_TINY" in code[0].source, f"{name}: the first code cell reads FP4LAB_TINY"
+        source = "".join(c.source for c in code)
+        assert "FP4LAB_TINY" not in source and "tiny_sweep" not in source, f"{name}: a fallback"
+
+
+def committed_numbers(name: str) -> tuple[str, list[float]]:
+    """The results folder a notebook reads and numbers of its committed tables it must show."""
+    if name == "randomness_vs_error":
+        gaps = pd.read_csv(RESULTS / name / "loss_gap.csv")
+        return f"results/{name}: {int(gaps['n'].sum())} runs", list(gaps["gap"])
+    if name == "gradient_flow_heatmap":
+        runs = fl.load(RESULTS / "drift").runs
+        return f"results/drift: {len(runs)} runs", []
+    if name == "formats_tour":
+        table = pd.read_csv(RESULTS / "formats" / "formats.csv")
+        return "results/formats", list(table.loc[table["stat"] == "rel_err", "mean"].iloc[:4])
+    table = pd.read_csv(RESULTS / "rl" / "mismatch.csv")
+    return "results/rl", list(table["abs_logp"][table["abs_logp"] > 0])
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_notebook_runs(name, kernel, monkeypatch):
+def test_notebook_runs_on_the_committed_results(name, kernel, monkeypatch):
     nb = execute(name, kernel, monkeypatch)
     errors = [
         o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
@@ -85,10 +136,23 @@ def test_notebook_runs(name, kernel, monkeypatch):
     for o in pngs:
         assert base64.b64decode(o["data"]["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
     assert outputs(nb, "text/html"), f"{name}: no table displayed"
+    says, values = committed_numbers(name)
+    assert first_output(nb).startswith("Showing") and says in first_output(nb), first_output(nb)
+    text = texts(nb)
+    missing = [v for v in values if not shown(v, text)]
+    assert not missing, f"{name}: committed numbers not shown: {missing}"
     if name == "randomness_vs_error":  # the verdict table names every factor it was given
         html = "".join(o["data"]["text/html"] for o in outputs(nb, "text/html"))
         for factor in ("cell", "seed_init", "seed_quant", "residual"):
             assert factor in html
+
+
+def test_a_notebook_without_its_results_stops_with_an_error(kernel, monkeypatch, tmp_path):
+    """No fallback: with ../results/drift missing the notebook raises, naming the command."""
+    folder = tmp_path / "notebooks"  # ../results does not exist here
+    folder.mkdir()
+    with pytest.raises(Exception, match="experiments/drift.py"):
+        execute("gradient_flow_heatmap", kernel, monkeypatch, folder=folder)
 
 
 def test_report_cli_writes_every_figure(tmp_path):
