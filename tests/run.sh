@@ -8,7 +8,7 @@ PY=${PY:-.venv/bin/python}
 "$PY" -m ruff format --check fp4lab tests benchmarks experiments notebooks results setup.py || exit 1
 "$PY" -m ruff check . || exit 1  # everything: the package, tests, notebooks, results, setup.py
 "$(dirname "$PY")/lint-imports" --no-cache || exit 1
-"$PY" -m pytest -n 2 --dist loadfile "$@"
+"$PY" -m pytest -n 2 --dist worksteal --durations=15 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi
 [ "$rc" -eq 0 ] || exit "$rc"
