@@ -344,6 +344,17 @@ def test_dry_run_shows_the_overrides(tmp_path, capsys):
     assert "for every cell" not in capsys.readouterr().out
 
 
+def test_xla_log_is_a_deprecated_no_op(tmp_path, capsys):
+    """XLA's lines are no longer filtered: the old flag parses, says so, and changes nothing."""
+    argv = ["run", str(experiment(tmp_path)), "--out", str(tmp_path / "o"), "--dry-run"]
+    assert cli.main([*argv, "--xla-log"]) == 0
+    captured = capsys.readouterr()
+    assert "--xla-log is no longer needed" in captured.err
+    assert cli.main(argv) == 0
+    assert captured.out == capsys.readouterr().out
+    assert "--xla-log" not in help_of(capsys, "run")
+
+
 def test_run_with_set_stores_the_overridden_config(tmp_path, capsys):
     """End to end: two steps of a tiny MLP, then show and report of the folder."""
     from fp4lab import sweep

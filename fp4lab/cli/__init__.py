@@ -3,7 +3,7 @@
 fp4lab run EXPERIMENT [--out DIR] [--seeds N] [--steps N] [--set FIELD=VALUE ...] [--dry-run]
                       [--workers N] [--force] [--rerun-stale]
                       [--executor local|ray] [--address ADDR] [--ray-cpus N] [--ray-gpus N]
-                      [--max-retries N] [--xla-log]
+                      [--max-retries N]
 fp4lab ls RESULTS          runs per cell (done, failed, missing) and the stale runs
 fp4lab show RESULTS        the summary table: loss gap with a seed interval, divergences,
                            tokens to target; a warning when the runs come from different code

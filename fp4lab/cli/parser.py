@@ -195,8 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument(
         "--xla-log",
         action="store_true",
-        help="show XLA's own log lines unfiltered (by default each of its slow-compile "
-        "banners is one line while the sweep runs, e.g. 'XLA: compiling jit_train took 2m4.8s')",
+        help=argparse.SUPPRESS,  # deprecated no-op: XLA's lines are no longer filtered
     )
     run_parser.set_defaults(func=run.run)
 

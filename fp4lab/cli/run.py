@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -36,10 +35,15 @@ def compile_cache_folder() -> Path:
 
 def run(args) -> int:
     from fp4lab import sweep
-    from fp4lab.stderr_filter import filter_stderr
     from fp4lab.sweep import compute, experiment, failures, runner, store
     from fp4lab.sweep.compute import use_compile_cache
 
+    if args.xla_log:
+        print(
+            "fp4lab run: --xla-log is no longer needed (XLA's own lines are not filtered); "
+            "it will be removed in the next release",
+            file=sys.stderr,
+        )
     if not args.no_compile_cache:
         folder = args.compile_cache or compile_cache_folder()
         use_compile_cache(folder, programs=True)
@@ -76,22 +80,20 @@ def run(args) -> int:
             "num_gpus": args.ray_gpus,
             "max_retries": args.max_retries,
         }
-    # XLA's slow-compile banners (on fd 2, from this process and the workers) as one line each
-    with contextlib.nullcontext() if args.xla_log else filter_stderr():
-        counts = sweep.run_experiment(
-            exp,
-            out,
-            executor=args.executor,
-            workers=args.workers,
-            progress=not args.quiet,
-            force=args.force,
-            rerun_stale=args.rerun_stale,
-            progress_every=(None if args.stream or not args.quiet else 0)
-            if args.progress_every is None
-            else args.progress_every,
-            stream=args.stream,
-            **options,
-        )
+    counts = sweep.run_experiment(
+        exp,
+        out,
+        executor=args.executor,
+        workers=args.workers,
+        progress=not args.quiet,
+        force=args.force,
+        rerun_stale=args.rerun_stale,
+        progress_every=(None if args.stream or not args.quiet else 0)
+        if args.progress_every is None
+        else args.progress_every,
+        stream=args.stream,
+        **options,
+    )
     print(
         f"{exp.name}: {counts['done']} runs done, {counts['skipped']} already finished, "
         f"{counts['failed']} failed -> {out}"

@@ -26,7 +26,7 @@ CACHES = ("JAX_COMPILATION_CACHE_DIR", "FP4LAB_PROGRAM_CACHE")
 
 def _run(path, out, stop_in_compile: bool):
     cmd = [sys.executable, "-m", "fp4lab.cli", "run", str(path), "--out", str(out)]
-    cmd += ["--workers", "1", "--no-compile-cache", "--xla-log"]
+    cmd += ["--workers", "1", "--no-compile-cache"]
     # no compiled program from the test session's caches: this process compiles its own
     env = {k: v for k, v in os.environ.items() if k not in CACHES} | {"JAX_PLATFORMS": "cpu"}
     env |= XLA_LOG if stop_in_compile else {}
