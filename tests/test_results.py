@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import fp4lab as fl
 from fp4lab import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,6 @@ def test_a_results_row_recomputes_from_the_committed_files(table):
     """`sqrt3/gnr.csv` (the gradient-to-noise ratio by step, from the per-step metrics) and
     `sqrt3/loss.csv`, which the README's √3 row quotes, as `fp4lab run` writes them."""
     experiment = sweep.load_experiment(ROOT / "experiments" / "sqrt3.py")
-    tables = experiment.analyze(sweep.load(ROOT / "results" / "sqrt3"))
+    tables = experiment.analyze(fl.load(ROOT / "results" / "sqrt3"))
     text = tables[table].to_csv(index=False, float_format="%.5g")
     assert text == (ROOT / "results" / "sqrt3" / f"{table}.csv").read_text()

@@ -15,63 +15,18 @@
     cells        the manifest's cells checked against the records: what each label pools
     failures     why runs fail, in one line: before they run (--dry-run traces) and after
     records      atomic writes, checked reads, bad entries skipped with a warning
-    reproduce    reproduce(folder, run_id): one stored run again, bit for bit
+    reproduction reproduce(folder, run_id): one stored run again, bit for bit
     own          fp4lab.own: your model, loss and data from Python (train, sweep)
 
-The trainer is reached only inside `compute_cell`; the rest runs without flax.
+The trainer is reached only inside `compute_cell`; the rest runs without flax. The names the
+package offers are listed in `__init__.pyi` and loaded on first use (`import fp4lab.sweep` loads
+neither jax nor pandas; `compute_cell` and `clear_cache` load jax, the trainer only once a cell is
+computed).
 """
 
-import importlib
+from fp4lab.lazy import attach_stub
 
-# name -> its module: loaded on first use (`import fp4lab.sweep` loads neither jax nor pandas;
-# `compute_cell` and `clear_cache` load jax, the trainer only once a cell is computed)
-_LAZY = {
-    "clear_cache": "compute",
-    "compute_cell": "compute",
-    **dict.fromkeys(
-        ("Cell", "Experiment", "ExperimentError", "load_experiment", "parse_overrides"),
-        "experiment",
-    ),
-    "seed_triples": "experiment",
-    "CorruptRecord": "records",
-    "StoreError": "records",
-    "ReproductionError": "reproduce",
-    "reproduce": "reproduce",
-    **dict.fromkeys(("EXECUTORS", "FolderTaken", "pending", "run_experiment"), "runner"),
-    "NUMERICS_VERSION": "store",
-    "load": "store",
-}
-
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-__all__ = [
-    "Cell",
-    "clear_cache",
-    "CorruptRecord",
-    "EXECUTORS",
-    "Experiment",
-    "ExperimentError",
-    "FolderTaken",
-    "NUMERICS_VERSION",
-    "ReproductionError",
-    "StoreError",
-    "compute_cell",
-    "load",
-    "load_experiment",
-    "parse_overrides",
-    "pending",
-    "reproduce",
-    "run_experiment",
-    "seed_triples",
-]
+__getattr__, __dir__, __all__ = attach_stub(
+    __name__, __file__, {"load": ("fp4lab.sweep.store", "load", "fp4lab.load")}
+)
+del attach_stub

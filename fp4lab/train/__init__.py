@@ -7,36 +7,12 @@
     trainer        make_keys, make_train(config) -> train(keys), pure and vmap-able over seeds
     summary        one seed's arrays -> the numbers of its row in a runs table
 
-Nothing is imported with the package: each name is resolved from its module when first used
-(`Config` loads jax's numerics for its checks, not flax; a reader of results that imports
-`fp4lab.train.own` loads neither).
+Nothing is imported with the package: each name of `__init__.pyi` is loaded from its module when
+first used (`Config` loads jax's numerics for its checks, not flax; a reader of results that
+imports `fp4lab.train.own` loads neither).
 """
 
-import importlib
+from fp4lab.lazy import attach_stub
 
-_LAZY = {
-    "Config": "config",
-    "ConfigError": "config",
-    "Task": "tasks",
-    "make_task": "tasks",
-    "init_model": "tasks",
-    "train_batch": "tasks",
-    "eval_batch": "tasks",
-    "make_keys": "trainer",
-    "make_optimizer": "trainer",
-    "make_train": "trainer",
-    "phase_rules": "trainer",
-    "log_steps": "trainer",
-    "summarize": "summary",
-    "target_of": "summary",
-    "tokens_to_target": "summary",
-    "DIVERGENCE_KINDS": "divergence",
-}
-
-__all__ = ["Config", "ConfigError", *_LAZY]
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"fp4lab.train.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'fp4lab.train' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = attach_stub(__name__, __file__)
+del attach_stub

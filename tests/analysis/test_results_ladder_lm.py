@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import fp4lab as fl
 from fp4lab import analysis, sweep
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ TABLES = {
 def study(request):
     name = request.param
     experiment = sweep.load_experiment(ROOT / "experiments" / f"{name}.py")
-    return name, experiment, sweep.load(ROOT / "results" / name)
+    return name, experiment, fl.load(ROOT / "results" / name)
 
 
 def test_every_table_recomputes_from_the_committed_runs(study):

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fp4lab import analysis, sweep
+import fp4lab as fl
+from fp4lab import analysis
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "results" / "sqrt3_lm"
@@ -26,7 +27,7 @@ def _written(table: pd.DataFrame) -> str:
 
 def test_late_switch_tables_recompute_from_the_records():
     exp = _experiment()
-    runs = sweep.load(FOLDER, metrics=False).runs
+    runs = fl.load(FOLDER, metrics=False).runs
     assert len(runs) == 30 and (runs["status"] == "ok").all()
     v = analysis.verdict(runs, "loss_gap_hp", baseline="nvfp4")
     late = v[v.kind == "fixed"][["term", "effect", "lo", "hi", "verdict"]]
@@ -36,6 +37,6 @@ def test_late_switch_tables_recompute_from_the_records():
 
 def test_progress_recomputes_from_the_loss_series():
     exp = _experiment()
-    results = sweep.load(FOLDER, metrics="loss")
+    results = fl.load(FOLDER, metrics="loss")
     table = exp.progress_table(results.runs, results.metrics)
     assert _written(table) == (FOLDER / "progress.csv").read_text()

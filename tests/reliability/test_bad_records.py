@@ -5,7 +5,8 @@ import warnings
 
 import pytest
 
-from fp4lab import cli, sweep
+import fp4lab as fl
+from fp4lab import cli
 from fp4lab.sweep import records
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -21,7 +22,7 @@ def test_a_deeply_nested_file_is_a_bad_entry_not_a_crash(
     culprit = out / where
     culprit.write_text(DEEP)
     with pytest.warns(records.CorruptRecord, match="nested too deeply"):
-        results = sweep.load(out)
+        results = fl.load(out)
         assert cli.main(["ls", str(out)]) == 0
         assert cli.main(["show", str(out)]) == 0
     assert len(results.runs) == 2

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from fp4lab import cli, sweep
+import fp4lab as fl
+from fp4lab import cli
 from fp4lab.sweep import lock
 
 
@@ -31,7 +32,7 @@ def test_a_second_writer_gets_one_line_naming_the_first(
         assert f"process {os.getpid()} on {socket.gethostname()}" in err[0]
         assert "another fp4lab run" in err[0]
     assert (out / "experiment.json").read_bytes() == manifest  # the first's cells stay current
-    assert len(sweep.load(out).runs) == 2
+    assert len(fl.load(out).runs) == 2
 
 
 def test_a_lock_held_by_a_dead_process_does_not_block(tmp_path, experiment_file, run_sweep):

@@ -6,7 +6,7 @@
 A sweep runs a cell's seeds in calls of at most `config.seed_batch` seeds
 (`fp4lab.sweep.compute`). On the CPU, a run of `Config.pad_seeds=False` (the default) ran one
 seed after the other in its call, so its numbers are those of the seed alone:
-`jax.jit(fl.train.make_train(cfg))(fl.train.make_keys(*seeds))` gives them (tested). A run
+`jax.jit(fl.make_train(cfg))(fl.make_keys(*seeds))` gives them (tested). A run
 recorded with `pad_seeds=True` (every run recorded before the field) sat in a vmapped call of
 width `seed_batch`, whose XLA kernels depend on the width, so the seed alone is *not* that run
 (its last bits differ, and a long run drifts); the same call of width `seed_batch`, padded with
