@@ -107,6 +107,29 @@ int64_t Row(const float* x, float* out, const float* __restrict m, const float* 
   return c;
 }
 
+// Row for blocks of kT2 elements (the block widths 16 of NVFP4 and 32 of MX), block b with
+// multiplier m[b] and scale factor s[b]: the same operations on the same values as Row on the
+// terms spread over the elements, without writing the spread terms out and reading them back.
+template <bool kCount, int kT2>
+int64_t RowBlocks(const float* x, float* out, const float* __restrict m,
+                  const float* __restrict s, int64_t nb, Elem f, float o) {
+  const uint32_t vbits = U(f.vmax);
+  int32_t c = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float mb = m[b], sb = s[b];
+    const float* xb = x + b * kT2;
+    float* ob = out + b * kT2;
+#pragma GCC ivdep
+    for (int e = 0; e < kT2; ++e) {
+      const float xk = xb[e], g = Round<false>(xk * mb, f, 0);
+      const float h = ((g * 0.5f) * sb) * o;
+      ob[e] = h;
+      if (kCount) c += Saturated(xk, g, h, vbits);
+    }
+  }
+  return c;
+}
+
 // The same with stochastic rounding: element k's bits at counter c0 + k * step
 template <bool kCount>
 int64_t RowSr(const float* x, float* out, const float* __restrict m, const float* __restrict s,
@@ -141,10 +164,11 @@ void Quantize(const float* X, float* O, const uint32_t* M, const ScopeTerms* S,
         BlockTerms(p, s, M[u * p.nb + b], &block_mul[b], &block_scale2[b]);
       }
     }
+    const bool blocks = !p.sr && (p.t2 == 16 || p.t2 == 32);  // RowBlocks reads the blocks'
     if (p.t2 == 1) {
       std::copy(block_mul.begin(), block_mul.end(), mul.begin());
       std::copy(block_scale2.begin(), block_scale2.end(), scale2.begin());
-    } else {
+    } else if (!blocks) {
       for (int64_t b = 0; b < p.nb; ++b) {
         std::fill(mul.begin() + b * p.t2, mul.begin() + (b + 1) * p.t2, block_mul[b]);
         std::fill(scale2.begin() + b * p.t2, scale2.begin() + (b + 1) * p.t2, block_scale2[b]);
@@ -155,6 +179,14 @@ void Quantize(const float* X, float* O, const uint32_t* M, const ScopeTerms* S,
       const float* x = X + r * row;
       float* out = O + r * row;
       const int64_t call = r / rows_per_call, in_call = r % rows_per_call;
+      if (blocks) {
+        const auto row_fn = p.t2 == 16 ? (p.count ? RowBlocks<true, 16> : RowBlocks<false, 16>)
+                                       : (p.count ? RowBlocks<true, 32> : RowBlocks<false, 32>);
+        const int64_t c = row_fn(x, out, block_mul.data(), block_scale2.data(), p.nb, p.elem,
+                                 s.outer);
+        if (c) saturated[call] += c;
+        continue;
+      }
       if (!p.sr) {
         const auto row_fn = p.count ? Row<true> : Row<false>;
         const int64_t c = row_fn(x, out, mul.data(), scale2.data(), row, p.elem, s.outer);
