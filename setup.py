@@ -2,60 +2,94 @@
 
 The C++ sources in fp4lab/core are compiled once, by `pip install`, into the shared library
 fp4lab/core/_kernels (loaded with ctypes and registered with XLA's FFI by
-`fp4lab.core.cpu_kernels`), against the FFI headers of jaxlib (a build requirement). The build is
-optional: without a C++ compiler (or with one too old for the sources) the install still
-succeeds, and fp4lab uses its reference statistics, saying so once. The library records the
-jaxlib version and the sources it was built from; a run with another jaxlib, or after a source
-changed in an editable checkout, builds the kernels on first use instead.
+`fp4lab.core.cpu_kernels`), against the FFI headers of jaxlib (a build requirement), and
+stamped as `fp4lab.core.kernel_build` says (loaded by its path here: the package itself needs
+jax, which a build environment may lack). A build that fails does not fail the install: it
+prints one line, the reason, and records it beside where the library would be (_kernels.failed,
+keyed like the library), so that no run compiles again; each run says the reason once and uses
+fp4lab's jnp reference. The compiler's own output goes into that record, not to the screen.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 import importlib.util
 import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 CORE = Path("fp4lab/core")
-SOURCES = ("operand_stats.cc", "quantize.cc", "threefry.cc", "progress.cc", "built_for.cc")
-FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-fast-math", "-w", "-Wno-psabi"]
-
-
-def built_for() -> str:
-    """'<jaxlib version> <sha256 of the sources>' (what fp4lab.core.cpu_kernels checks)."""
-    digest = hashlib.sha256()
-    for name in SOURCES:
-        digest.update((CORE / name).read_bytes())
-    return f"{importlib.metadata.version('jaxlib')} {digest.hexdigest()}"
+_spec = importlib.util.spec_from_file_location("fp4lab_kernel_build", CORE / "kernel_build.py")
+kernel_build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(kernel_build)
 
 
 class BuildKernels(build_ext):
-    """build_ext with the FFI headers of the installed jaxlib and the build's identity."""
+    """build_ext with the FFI headers of the installed jaxlib and the build's stamp, which
+    turns a failed build into one line and a record (no failed install)."""
 
-    def build_extensions(self) -> None:
-        spec = importlib.util.find_spec("jaxlib")
-        if spec is None or not spec.submodule_search_locations:
+    def build_extension(self, ext: Extension) -> None:
+        record = Path(self.get_ext_fullpath(ext.name)).with_name(kernel_build.FAILED)
+        include = kernel_build.include_dir()
+        if include is None:
             print("fp4lab: jaxlib is not importable here: the CPU kernels build on first use")
             return
-        include = os.path.join(list(spec.submodule_search_locations)[0], "include")
-        for ext in self.extensions:
-            ext.include_dirs.append(include)
-            ext.define_macros.append(("FP4LAB_BUILT_FOR", f'"{built_for()}"'))
-        super().build_extensions()
+        stamp = kernel_build.built_for(CORE)
+        ext.include_dirs.append(str(include))
+        ext.define_macros.append(("FP4LAB_BUILT_FOR", f'"{stamp}"'))
+        with tempfile.TemporaryFile("w+") as log:
+            saved = [os.dup(1), os.dup(2)]
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(log.fileno(), 1)  # the compiler's output, into the record
+            os.dup2(log.fileno(), 2)
+            try:
+                super().build_extension(ext)
+                error = None
+            except Exception as e:  # distutils' CompileError, LinkError, a missing compiler
+                error = e
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                for fd in saved:
+                    os.close(fd)
+            log.seek(0)
+            text = log.read()
+        if error is None:
+            record.unlink(missing_ok=True)
+            return
+        reason = kernel_build.first_error(text + "\n" + str(error))
+        if isinstance(error, OSError) or "No such file or directory" in str(error):
+            reason = f"no C++ compiler found ({error})"  # distutils' spawn found no executable
+        kernel_build.record_failure(record, stamp, reason, text + "\n" + str(error))
+        print(f"fp4lab: the CPU kernels did not build, the jnp reference runs: {reason}")
+
+    def copy_extensions_to_source(self) -> None:
+        """An in-place build (an editable install) copies the library, or the failure's
+        record, into the package."""
+        super().copy_extensions_to_source()
+        built = Path(self.build_lib) / CORE / kernel_build.FAILED
+        if built.exists():
+            shutil.copy(built, CORE / kernel_build.FAILED)
+        else:
+            (CORE / kernel_build.FAILED).unlink(missing_ok=True)
 
 
 setup(
     ext_modules=[
         Extension(
             "fp4lab.core._kernels",
-            sources=[str(CORE / name) for name in SOURCES],
-            extra_compile_args=FLAGS,
+            sources=[str(CORE / name) for name in kernel_build.NAMES],
+            depends=[str(CORE / name) for name in kernel_build.HEADERS],
+            extra_compile_args=[*kernel_build.FLAGS, *kernel_build.QUIET],
             language="c++",
-            optional=True,  # no compiler: the install succeeds, the reference statistics are used
+            optional=True,  # a failed build is said and recorded (BuildKernels), not an error
         )
     ],
     cmdclass={"build_ext": BuildKernels},

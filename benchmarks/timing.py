@@ -5,12 +5,16 @@ caches, a background process that starts halfway. So every row runs once per rou
 shuffled each round with a fixed seed, and each call ends with block_until_ready. A goal on the
 ratio of two rows is judged on their per-round ratios (`round_ratios`): their median, and the
 sign test's interval of that median (`median_interval`), so a verdict says when the rounds
-cannot tell whether the goal holds (`goal_verdict`).
+cannot tell whether the goal holds (`goal_verdict`). Every benchmark's header names the machine
+(`machine`): the CPU model, its vector extensions, and which clone of the quantizer kernel ran.
 """
 
 from __future__ import annotations
 
+import datetime
 import math
+import os
+import platform
 import random
 import statistics
 import time
@@ -18,6 +22,40 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+
+# the vector extensions that decide a kernel's speed, as /proc/cpuinfo names them
+ISA = ("sse2", "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "asimd", "sve")
+
+
+def machine() -> str:
+    """One line for a benchmark's header: date, CPU model, its vector extensions of `ISA`, the
+    cores, the load average, and the clone of the quantizer kernel that runs (FP4LAB_CPU_CLONE
+    where it forces one; "jnp reference" without the kernel)."""
+    from fp4lab.core import cpu_kernels, fused
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Hardware") and model == platform.machine():
+                    model = value.strip()
+                elif key.strip() in ("flags", "Features"):
+                    flags |= set(value.split())
+    except OSError:
+        pass
+    if not (model and model != platform.machine()) and platform.system() == "Darwin":
+        model = os.popen("sysctl -n machdep.cpu.brand_string").read().strip() or model
+    isa = " ".join(f for f in ISA if f in flags) or "(not listed)"
+    kernel = fused.enabled() or "none: the jnp reference"
+    forced = os.environ.get("FP4LAB_CPU_CLONE")
+    clone = f"{kernel} (forced by FP4LAB_CPU_CLONE={forced})" if forced else f"{kernel} (widest)"
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return (
+        f"{datetime.date.today()}; CPU: {model}, {platform.machine()}, ISA {isa}; "
+        f"{os.cpu_count()} cores, load {load[0]:.1f}; quantizer kernel clone: {clone} "
+        f"of {', '.join(cpu_kernels.clones()) or 'none'}"
+    )
 
 
 def interleaved(calls: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:

@@ -1,7 +1,9 @@
-"""A user's own model for `benchmarks/step.py --model user` (imported as a sibling module).
+"""Users' own models for `benchmarks/step.py --model user|user-ce` (a sibling module).
 
-Residual blocks of three nnx.Linear layers written as users write them, looped in Python
-(unscanned) or stacked under nnx.scan, and `compile_split`: where a row's first call goes.
+Residual blocks written as users write them, looped in Python (unscanned) or stacked under
+nnx.scan: `UserBlock` (an RMSNorm and three nnx.Linear layers, MSE loss; `--model user`) and
+`MixBlock` (nnx.Linear d->h->d and a d x d mix, all with biases, under a head d->64 and softmax
+cross-entropy; `--model user-ce`), and `compile_split`: where a row's first call goes.
 """
 
 from __future__ import annotations
@@ -32,12 +34,31 @@ class UserBlock(nnx.Module):
         return x_BxTxD + self.down(h_BxTxH)
 
 
-class UserModel(nnx.Module):
-    """`depth` UserBlocks in a Python loop (unscanned, as users' models mostly are), or the
-    same blocks stacked and applied with nnx.scan (the same initial parameters)."""
+class MixBlock(nnx.Module):
+    """Linear d->h->d then a d x d mix, each residual, every layer with its bias."""
 
-    def __init__(self, d: int, h: int, depth: int, scan: bool, rngs: nnx.Rngs):
-        blocks = [UserBlock(d, h, rngs) for _ in range(depth)]
+    def __init__(self, d: int, h: int, rngs: nnx.Rngs):
+        self.up = nnx.Linear(d, h, rngs=rngs)
+        self.down = nnx.Linear(h, d, rngs=rngs)
+        self.mix = nnx.Linear(d, d, rngs=rngs)
+
+    def __call__(self, x_BxTxD):
+        x_BxTxD = x_BxTxD + self.down(jax.nn.gelu(self.up(x_BxTxD)))
+        return x_BxTxD + self.mix(jax.nn.gelu(x_BxTxD))
+
+
+CLASSES = 64  # the classifier head's outputs (`--model user-ce`)
+
+
+class UserModel(nnx.Module):
+    """`depth` blocks (UserBlock, or with `classes` MixBlock under a Linear head d->classes)
+    in a Python loop (unscanned, as users' models mostly are), or the same blocks stacked and
+    applied with nnx.scan (the same initial parameters)."""
+
+    def __init__(self, d: int, h: int, depth: int, scan: bool, rngs: nnx.Rngs, classes: int = 0):
+        kind = MixBlock if classes else UserBlock
+        blocks = [kind(d, h, rngs) for _ in range(depth)]
+        self.head = nnx.Linear(d, classes, rngs=rngs) if classes else None
         self.scan = scan
         if scan:
             graphdef, _ = nnx.split(blocks[0])
@@ -48,20 +69,26 @@ class UserModel(nnx.Module):
 
     def __call__(self, x_BxTxD):
         if self.scan:
-            return _scan_user_blocks(x_BxTxD, self.blocks)
-        for block in self.blocks:
-            x_BxTxD = block(x_BxTxD)
-        return x_BxTxD
+            x_BxTxD = _scan_user_blocks(x_BxTxD, self.blocks)
+        else:
+            for block in self.blocks:
+                x_BxTxD = block(x_BxTxD)
+        return x_BxTxD if self.head is None else self.head(x_BxTxD)
 
 
 @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
-def _scan_user_blocks(x_BxTxD, block: UserBlock):
+def _scan_user_blocks(x_BxTxD, block):
     return block(x_BxTxD)
 
 
 def user_step(model, opt, x_BxTxD, y_BxTxD):
+    """One adam step: MSE against y (float), or softmax cross-entropy against labels y (int)."""
+
     def loss(model):
-        return jnp.mean((model(x_BxTxD) - y_BxTxD) ** 2)
+        out = model(x_BxTxD)
+        if jnp.issubdtype(y_BxTxD.dtype, jnp.integer):
+            return optax.softmax_cross_entropy_with_integer_labels(out, y_BxTxD).mean()
+        return jnp.mean((out - y_BxTxD) ** 2)
 
     value, grads = nnx.value_and_grad(loss)(model)
     opt.update(model, grads)
@@ -72,18 +99,23 @@ REFERENCE = "nvfp4 jnp quantizer"  # the row whose quantizers run the jnp refere
 
 
 @contextlib.contextmanager
-def reference_quantizer(on: bool = True):
-    """Quantizers traced inside run the jnp reference, not the CPU kernel (`fp4lab.core.fused`)."""
-    old = os.environ.get("FP4LAB_QUANTIZER")
-    if on:
-        os.environ["FP4LAB_QUANTIZER"] = "reference"
+def forced(**env: str):
+    """The environment variables `env` set inside (e.g. FP4LAB_CPU_CLONE="avx2"), restored after."""
+    old = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("FP4LAB_QUANTIZER", None)
-        else:
-            os.environ["FP4LAB_QUANTIZER"] = old
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def reference_quantizer(on: bool = True):
+    """Quantizers traced inside run the jnp reference, not the CPU kernel (`fp4lab.core.fused`)."""
+    return forced(FP4LAB_QUANTIZER="reference") if on else forced()
 
 
 def traced_as(jitted, reference: bool):
@@ -96,14 +128,14 @@ def traced_as(jitted, reference: bool):
     return step
 
 
-def user_rows(d: int, h: int, depth: int) -> dict:
+def user_rows(d: int, h: int, depth: int, classes: int = 0) -> dict:
     """{row: function building (jitted step, model, optimizer)}: the user-style model in fp32
     and with all its GEMMs NVFP4 (simulated), unscanned and scanned, and unscanned NVFP4 with
     the jnp reference quantizer (`REFERENCE`; its step traces with FP4LAB_QUANTIZER=reference)."""
 
     def builder(recipe, scan, reference=False):
         def build():
-            model = UserModel(d, h, depth, scan, rngs=nnx.Rngs(0))
+            model = UserModel(d, h, depth, scan, rngs=nnx.Rngs(0), classes=classes)
             if recipe is not None:
                 quantize_model(model, [Rule(r".*", recipe)], key=jax.random.key(0))
             step = traced_as(nnx.jit(user_step), reference)

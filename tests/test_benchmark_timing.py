@@ -68,3 +68,16 @@ def test_rounds_pair_by_index_and_must_match():
     assert timing.round_ratios([2.0, 3.0], [1.0, 2.0]) == [2.0, 1.5]
     with pytest.raises(ValueError, match="cannot be paired"):
         timing.round_ratios([1.0, 2.0], [1.0])
+
+
+def test_the_header_names_the_cpu_its_extensions_and_the_clone(monkeypatch):
+    from fp4lab.core import cpu_kernels
+
+    line = timing.machine()
+    assert "CPU: " in line and "ISA " in line and "quantizer kernel clone: " in line
+    if cpu_kernels.clones():
+        assert f"clone: {cpu_kernels.clones()[-1]} (widest)" in line
+        monkeypatch.setenv("FP4LAB_CPU_CLONE", "baseline")
+        assert "clone: baseline (forced by FP4LAB_CPU_CLONE=baseline)" in timing.machine()
+    monkeypatch.setenv("FP4LAB_QUANTIZER", "reference")
+    assert "none: the jnp reference" in timing.machine()

@@ -17,20 +17,23 @@ XLA's CPU backend gives every reduction its own pass over its operand, with a fu
 temporary in front of each; six statistics of every GEMM operand then cost more than the
 training step itself. The kernel reads each element once, in the quantizer's blocked view.
 
-Build: `pip install` builds the sources into `fp4lab/core/_kernels*.so` (setup.py; optional:
-without a compiler the install succeeds) and records the jaxlib version and the sources' digest
-in it; a process loads that library when both match its own, and runs no compiler. Otherwise
-(no library from the install, another jaxlib, a source edited in an editable checkout) the
-first process that needs a kernel compiles the sources with the C++ compiler
-(`$CXX`, else the first of c++, g++, clang++ on the PATH) against the FFI headers of the
-installed jaxlib (`jax.ffi.include_dir()`) into one `kernels-<hash>.so` in `cache_folder()`
-($FP4LAB_KERNEL_CACHE, else <$XDG_CACHE_HOME or ~/.cache>/fp4lab/kernels), where the hash
-covers the sources, the jaxlib version, the machine's architecture and the compiler command;
-later processes load that file (a few seconds the first time, nothing after). The source
-needs C++17 with GCC's vector extensions (GCC 12 or newer, or Clang); with an older compiler
-the build fails, and `fp4lab.core.stats` falls back to its reference formulas, saying so.
-The flags leave no room for the compiler to reorder float arithmetic (-ffp-contract=off, no
-fast-math), so a kernel's sums are the same IEEE operations in the same order on any CPU.
+Build (`fp4lab.core.kernel_build`): `pip install` builds the sources into
+`fp4lab/core/_kernels*.so` (setup.py), stamped with the jaxlib version, its FFI API version and
+the sources' digest; a process loads it where the sources are the same and its jaxlib's FFI
+API is compatible, and runs no compiler. Otherwise (no library from the install, a source
+edited in an editable checkout) the first process that needs a kernel compiles the sources
+with the C++ compiler (`$CXX`, else the first of c++, g++, clang++ on the PATH) against the
+FFI headers of the installed jaxlib into one `kernels-<hash>.so` in `cache_folder()`
+($FP4LAB_KERNEL_CACHE, else <$XDG_CACHE_HOME or ~/.cache>/fp4lab/kernels). A build that fails
+(at install or on first use) leaves a record keyed like the library, so no later process
+tries again; each says the reason in one line on stderr, and fp4lab runs its jnp reference.
+The source needs C++17 with GCC's vector extensions (GCC 12 or newer, or Clang) on x86-64 or
+aarch64. The flags leave no room for the compiler to reorder float arithmetic
+(-ffp-contract=off, no fast-math), so a kernel's sums are the same IEEE operations in the same
+order on any CPU; -fno-trapping-math lets the quantizer's loops vectorize in every clone.
+The quantizer's element loops exist once per instruction set (`CLONES`: x86-64 AVX-512F, AVX2
+and the SSE2 baseline; elsewhere one copy, NEON on aarch64); a call runs the widest this CPU
+has, or the one FP4LAB_CPU_CLONE names (`clone()`): every clone gives the same bits.
 `available()` says whether the kernels could be built here, `build_error()` why not and
 `library()` which library was loaded;
 `compile_command()` is the command itself (the tests build each CPU's copy of the statistics'
@@ -41,24 +44,23 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import importlib.machinery
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
+import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 import numpy as np
+
+from fp4lab.core import kernel_build
 
 __all__ = [
     "SOURCE",
     "TARGETS",
+    "CLONES",
     "available",
+    "clones",
+    "clone",
     "build_error",
     "library",
     "block_stats",
@@ -71,14 +73,7 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).with_name("operand_stats.cc")  # the statistics kernel's C++ source
-_NAMES = (
-    "operand_stats.cc",
-    "quantize.cc",
-    "threefry.cc",
-    "progress.cc",
-    "built_for.cc",
-)  # as in setup.py
-SOURCES = tuple(Path(__file__).with_name(name) for name in _NAMES)  # built into one library
+SOURCES = tuple(Path(__file__).with_name(name) for name in kernel_build.NAMES)  # one library
 _TARGET = "fp4lab_operand_stats"
 _THREEFRY = "fp4lab_threefry"
 _PROGRESS = "fp4lab_progress"
@@ -89,118 +84,31 @@ TARGETS = (
     _THREEFRY,
     _PROGRESS,
 )  # the FFI targets the kernels register (what a program may call)
-_FLAGS = (
-    "-O3",
-    "-std=c++17",
-    "-ffp-contract=off",
-    "-fno-fast-math",
-    "-shared",
-    "-fPIC",
-    "-w",
-    "-Wno-psabi",
-)
-
-
-def cache_folder() -> Path:
-    """Where built kernels are kept: $FP4LAB_KERNEL_CACHE, else <user cache>/fp4lab/kernels."""
-    if os.environ.get("FP4LAB_KERNEL_CACHE"):
-        return Path(os.environ["FP4LAB_KERNEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "fp4lab" / "kernels"
-
-
-def _compiler() -> str | None:
-    if os.environ.get("CXX"):
-        return os.environ["CXX"]
-    return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
-
-
-def compile_command(extra: tuple[str, ...] = ()) -> list[str] | None:
-    """The command that builds `SOURCE` into a shared library (source and `-o` to append),
-    with `extra` flags after the fixed ones (e.g. "-mavx2"); None without a C++ compiler."""
-    cxx = _compiler()
-    if cxx is None:
-        return None
-    return [cxx, *_FLAGS, *extra, "-I", jax.ffi.include_dir()]
-
-
-def _sources_digest() -> str:
-    digest = hashlib.sha256()
-    for source in SOURCES:
-        digest.update(source.read_bytes())
-    return digest.hexdigest()
-
-
-def _installed() -> Path | None:
-    """The library `pip install` built (setup.py), when it was built for this jaxlib and these
-    sources (an editable checkout whose sources changed since, or another jaxlib: None)."""
-    here = Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        lib = here / f"_kernels{suffix}"
-        if lib.exists():
-            try:
-                handle = ctypes.CDLL(str(lib))
-                handle.fp4lab_kernels_built_for.restype = ctypes.c_char_p
-                built_for = handle.fp4lab_kernels_built_for().decode()
-            except (OSError, AttributeError):
-                return None
-            return lib if built_for == f"{jaxlib.__version__} {_sources_digest()}" else None
-    return None
-
-
-def _built_here() -> tuple[Path | None, str]:
-    """(the library built on first use in `cache_folder()`, "") or (None, why not)."""
-    command = compile_command()
-    if command is None:
-        return None, "no C++ compiler found (set CXX, or install g++ or clang++)"
-    cxx = command[0]
-    digest = hashlib.sha256(_sources_digest().encode())
-    digest.update(" ".join([jaxlib.__version__, platform.machine(), cxx, *_FLAGS]).encode())
-    folder = cache_folder()
-    lib = folder / f"kernels-{digest.hexdigest()[:16]}.so"
-    if not lib.exists():
-        tmp = None
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            # built beside its final name, then renamed: concurrent processes never load a
-            # half-written file
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
-            os.close(fd)
-            run = subprocess.run(
-                [*command, *map(str, SOURCES), "-o", tmp],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if run.returncode:
-                return None, f"{' '.join(command)} failed:\n{run.stderr.strip()[-2000:]}"
-            os.replace(tmp, lib)
-        except OSError as e:
-            return None, f"cannot build {lib}: {e}"
-        finally:  # no temporary left behind, whatever failed
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-    return lib, ""
+CLONES = ("baseline", "avx2", "avx512f")  # the quantizer's element loops, per instruction set
+cache_folder = kernel_build.cache_folder
+compile_command = kernel_build.compile_command
 
 
 @functools.cache
 def _build() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, "") or (None, why it could not be built); once per process: the
-    library built at install when it fits, else the one built on first use."""
-    lib = _installed()
-    if lib is None:
-        lib, why = _built_here()
-        if lib is None:
-            return None, why
-    try:
-        handle = ctypes.CDLL(str(lib))
-        for target in TARGETS:
-            capsule = jax.ffi.pycapsule(getattr(handle, target))
-            jax.ffi.register_ffi_target(target, capsule, platform="cpu")
-    except (OSError, AttributeError) as e:
-        return None, f"cannot load {lib}: {e}"
-    handle.path = lib
-    return handle, ""
+    """(the loaded library, "") or (None, why it is not available); once per process, which
+    says why in one line on stderr (`kernel_build.find`: the library built at install when it
+    fits, else the one built on first use, never a second try after a recorded failure)."""
+    lib, why = kernel_build.find()
+    if lib is not None:
+        try:
+            handle = ctypes.CDLL(str(lib))
+            for target in TARGETS:
+                capsule = jax.ffi.pycapsule(getattr(handle, target))
+                jax.ffi.register_ffi_target(target, capsule, platform="cpu")
+            handle.fp4lab_quantize_clones.restype = ctypes.c_int64
+        except (OSError, AttributeError) as e:
+            handle, why = None, f"cannot load {lib}: {e}"
+        else:
+            handle.path = lib
+            return handle, ""
+    print(f"fp4lab: no CPU kernels, the jnp reference runs instead: {why}", file=sys.stderr)
+    return None, why
 
 
 def library() -> Path | None:
@@ -218,6 +126,36 @@ def available() -> bool:
 def build_error() -> str:
     """Why the kernels are not available ("" when they are)."""
     return _build()[1]
+
+
+def clones() -> tuple[str, ...]:
+    """The clones of the quantizer's element loops (`CLONES`) this library holds and this CPU
+    runs, narrowest first: x86-64 "baseline" (SSE2), "avx2", "avx512f"; elsewhere "baseline"
+    alone (the build's own flags: NEON on aarch64). () without the kernels."""
+    handle = _build()[0]
+    if handle is None:
+        return ()
+    bits = handle.fp4lab_quantize_clones()
+    return tuple(name for i, name in enumerate(CLONES) if bits >> (i + 1) & 1)
+
+
+def clone() -> str:
+    """The clone the quantizer's kernel runs in calls traced now: $FP4LAB_CPU_CLONE where set
+    (one of `clones()`: the tests run each, the benchmarks measure one), else the widest.
+
+    Raises:
+      ValueError: FP4LAB_CPU_CLONE names a clone this library or this CPU does not run.
+    """
+    here = clones()
+    forced = os.environ.get("FP4LAB_CPU_CLONE", "")
+    if not forced or not here:
+        return here[-1] if here else ""
+    if forced not in here:
+        raise ValueError(
+            f"FP4LAB_CPU_CLONE={forced!r}: this library and CPU run {', '.join(here)} "
+            f"(of {', '.join(CLONES)})"
+        )
+    return forced
 
 
 def block_stats(
@@ -316,7 +254,8 @@ def quantize_blocks(
     turn = dict(
         rotate=int(rotation is not None), hk=int(k), sign=int(signed), rest=np.float32(rest)
     )
-    x_hat, saturated, rotated = call(*args, **sizes, **turn, count=int(count), **attrs)
+    which = CLONES.index(clone()) + 1  # the attribute's numbering: quantize.cc's `Clone`
+    x_hat, saturated, rotated = call(*args, **sizes, **turn, count=int(count), clone=which, **attrs)
     out = (x_hat.reshape(xb.shape),)
     if count:
         out += (saturated[..., 0],)

@@ -26,7 +26,8 @@ optimization level. Any other rotation runs in jnp before the kernel. The kernel
 and result travel as 2-D arrays (`cpu_kernels.quantize_blocks`), so the transposes XLA
 places beside it stay tiled.
 Everything else, and every backend but the CPU, runs the reference. FP4LAB_QUANTIZER=reference
-in the environment makes the quantizers traced from then on run the reference; `enabled()`
+in the environment makes the quantizers traced from then on run the reference, and
+FP4LAB_CPU_CLONE=baseline|avx2|avx512f the kernel's clone of that name; `enabled()`
 says which, and keys the traces fp4lab keeps (the ops' and fake_quant's), so a program traced
 after the change holds the other quantizer. A program already compiled keeps its own.
 """
@@ -48,12 +49,16 @@ _RULES = {"e4m3": 0, ("e8m0", "floor"): 1, ("e8m0", "ceil"): 2}
 _SCOPES = {"none": 0, "tensor": 1, "row": 2}
 
 
-def enabled() -> bool:
-    """Whether quantizers traced now may run as the kernel: the CPU backend, the kernels built,
-    and FP4LAB_QUANTIZER not "reference"."""
+def enabled() -> str:
+    """Which kernel quantizers traced now run: the clone of its element loops
+    (`cpu_kernels.clone()`, FP4LAB_CPU_CLONE where set) on the CPU backend with the kernels
+    built, else "" (the reference: another backend, no kernels, or FP4LAB_QUANTIZER=reference).
+    The traces fp4lab keeps are keyed by it, so a change of either variable takes effect."""
     if os.environ.get("FP4LAB_QUANTIZER", "") == "reference":
-        return False
-    return jax.default_backend() == "cpu" and cpu_kernels.available()
+        return ""
+    if jax.default_backend() != "cpu" or not cpu_kernels.available():
+        return ""
+    return cpu_kernels.clone()
 
 
 def supports(spec: QuantSpec, key, amax) -> bool:

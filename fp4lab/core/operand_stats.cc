@@ -41,14 +41,11 @@
 #include <mutex>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr: the calling thread's float environment
-#define FP4LAB_CSR 1
-#endif
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #endif
 
+#include "cpu_env.h"  // the calling thread's float environment, taken on by the helpers
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -386,17 +383,15 @@ struct Work {
   int64_t per, rows, nparts, pa, t1, nb, t2, total;
   float vmax;
   RowsFn rows_fn = Rows;
-  unsigned csr = 0;  // the calling thread's float environment (x86: MXCSR), taken on by helpers
+  fp4lab_env::Env env = 0;  // the calling thread's float environment, taken on by helpers
   std::vector<Part> parts;
   std::atomic<int64_t> next{0}, done{0};
   std::mutex mutex;
   std::condition_variable finished;
 
   void Run() {
-#ifdef FP4LAB_CSR
-    const unsigned own = _mm_getcsr();
-    _mm_setcsr(csr);  // x_hat's multiplications as the calling thread computes them
-#endif
+    const fp4lab_env::Env own = fp4lab_env::Get();
+    fp4lab_env::Set(env);  // x_hat's multiplications as the calling thread computes them
     for (int64_t c; (c = next.fetch_add(1)) < total;) {
       const int64_t g = c / nparts, r0 = (c % nparts) * rows;
       rows_fn(X + g * per, Q + g * per, S + g * pa * nb, O + g * pa * t1, r0,
@@ -406,9 +401,7 @@ struct Work {
         finished.notify_all();
       }
     }
-#ifdef FP4LAB_CSR
-    _mm_setcsr(own);
-#endif
+    fp4lab_env::Set(own);
   }
 };
 
@@ -433,9 +426,7 @@ ffi::Error OperandStats(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   w.Q = q.typed_data();
   w.S = scale.typed_data();
   w.O = outer.typed_data();
-#ifdef FP4LAB_CSR
-  w.csr = _mm_getcsr();
-#endif
+  w.env = fp4lab_env::Get();
   w.per = per;
   w.pa = pa;
   w.t1 = t1;

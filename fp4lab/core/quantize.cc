@@ -41,7 +41,9 @@
 // threefry2x32(key, (0, c)), c the element's position in the moved layout (`stream` 0: its
 // position in the view; 1: the in-place view (P, L/tx, tx, Q/ty, ty) of layout.stream_index).
 // The work is shared with XLA's thread pool in parts of whole block rows; every element's value
-// depends on its block and scope only, so the number of threads never changes a bit.
+// depends on its block and scope only, so the number of threads never changes a bit. The
+// element loops (quantize_loops.h) exist once per instruction set, and attribute `clone` picks
+// one per call: every clone gives the same bits too.
 
 #include <algorithm>
 #include <atomic>
@@ -54,11 +56,7 @@
 #include <mutex>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-#define FP4LAB_Q_CSR 1
-#endif
-
+#include "cpu_env.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -286,32 +284,19 @@ inline void BlockTerms(const Params& p, const ScopeTerms& s, uint32_t bmax, floa
   *scale2 = ScaleFactor(scale, s);
 }
 
-// BlockTerms of NVFP4 "te" for n blocks with amax bits m, where S_dec >= 2**-60 (no lift), in
-// a loop without branches, so that the compiler vectorizes it
-inline void TeTerms(const uint32_t* m, int64_t n, const ScopeTerms& s, float* mul,
-                    float* scale2) {
-  for (int64_t b = 0; b < n; ++b) {
-    float s_b, scale;
-    TeScale(m[b], s, &s_b, &scale);
-    mul[b] = Min(1.0f / (s_b * s.s_dec), kFltMax);
-    scale2[b] = ScaleFactor(scale, s);
-  }
-}
-
 // Runs fn(i) for i in [0, n) on the calling thread and the pool's, each thread in XLA's float
-// environment; returns when all are done. A helper that starts late finds nothing to take.
+// environment (cpu_env.h); returns when all are done. A helper that starts late finds nothing
+// to take.
 struct Shared {
   std::function<void(int64_t)> fn;
   int64_t n = 0;
-  unsigned csr = 0;
+  fp4lab_env::Env env = 0;
   std::atomic<int64_t> next{0}, done{0};
   std::mutex mutex;
   std::condition_variable finished;
   void Run() {
-#ifdef FP4LAB_Q_CSR
-    const unsigned own = _mm_getcsr();
-    _mm_setcsr(csr);
-#endif
+    const fp4lab_env::Env own = fp4lab_env::Get();
+    fp4lab_env::Set(env);
     for (int64_t i; (i = next.fetch_add(1)) < n;) {
       fn(i);
       if (done.fetch_add(1) + 1 == n) {
@@ -319,9 +304,7 @@ struct Shared {
         finished.notify_all();
       }
     }
-#ifdef FP4LAB_Q_CSR
-    _mm_setcsr(own);
-#endif
+    fp4lab_env::Set(own);
   }
 };
 
@@ -330,23 +313,13 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t n, std::function<void(int64_t)> 
   auto shared = std::make_shared<Shared>();
   shared->fn = std::move(fn);
   shared->n = n;
-#ifdef FP4LAB_Q_CSR
-  // round to nearest even, flush-to-zero (bit 15), denormals-are-zero (bit 6), as XLA's code
-  shared->csr = (_mm_getcsr() & ~0x6000u) | 0x8040u;
-#endif
+  shared->env = fp4lab_env::Xla(fp4lab_env::Get());
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), n - 1);
   for (int64_t t = 0; t < helpers; ++t) pool.Schedule([shared] { shared->Run(); });
   shared->Run();
   std::unique_lock<std::mutex> lock(shared->mutex);
   shared->finished.wait(lock, [&] { return shared->done.load() == shared->n; });
 }
-
-// The per-CPU copies of the element loops, picked at load time (as operand_stats.cc's).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FP4LAB_Q_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FP4LAB_Q_CLONES
-#endif
 
 // hadamard._times_pow2: v * 2**e (e <= 0) from the bits, a result below 2**-126 (or a
 // subnormal v) a zero of v's sign, inf and NaN kept
@@ -356,75 +329,6 @@ inline float TimesPow2(float v, int32_t e) {
   if (field == 0xffu) return v;
   return field > uint32_t(-e) ? F(b - (uint32_t(-e) << 23)) : F(b & kSign);
 }
-
-// The rotation of hadamard.rotate along the block rows' t1 = n rows (the in-place view with
-// t2 = 1, a block row being one Hadamard block per column), block rows u0 .. u1 - 1 of X into
-// O: x * sign (where signed), times 2**-k from the bits, the butterflies h = 1, 2, .., n / 2
-// ((a, b) -> (a + b, a - b)), times `rest` where it is not 1: the module's operations in its
-// order, so the same bits. Columns go in chunks that stay in the cache through the stages.
-FP4LAB_Q_CLONES void Rotate(const float* X, float* O, const float* signs, const Params& p,
-                            int64_t u0, int64_t u1) {
-  const int64_t n = p.t1, row = p.nb, rows_per_call = p.unb / row;
-  constexpr int64_t kChunk = 256;
-  for (int64_t u = u0; u < u1; ++u) {
-    const int64_t call = (u * n) / rows_per_call;
-    const float* s = signs + call * n;
-    for (int64_t c0 = 0; c0 < row; c0 += kChunk) {
-      const int64_t w = std::min(kChunk, row - c0);
-      for (int64_t i = 0; i < n; ++i) {
-        const float* x = X + (u * n + i) * row + c0;
-        float* o = O + (u * n + i) * row + c0;
-        const float si = s[i];
-        if (p.signed_) {
-          for (int64_t j = 0; j < w; ++j) o[j] = TimesPow2(x[j] * si, -int32_t(p.hk));
-        } else {
-          for (int64_t j = 0; j < w; ++j) o[j] = TimesPow2(x[j], -int32_t(p.hk));
-        }
-      }
-      for (int64_t h = 1; h < n; h *= 2) {
-        for (int64_t i = 0; i < n; ++i) {
-          if (i & h) continue;
-          float* a = O + (u * n + i) * row + c0;
-          float* b = O + (u * n + i + h) * row + c0;
-          for (int64_t j = 0; j < w; ++j) {
-            const float av = a[j], bv = b[j];
-            a[j] = av + bv;
-            b[j] = av - bv;
-          }
-        }
-      }
-      if (p.rest != 1.0f) {
-        for (int64_t i = 0; i < n; ++i) {
-          float* o = O + (u * n + i) * row + c0;
-          for (int64_t j = 0; j < w; ++j) o[j] = o[j] * p.rest;
-        }
-      }
-    }
-  }
-}
-
-// The block amaxes (bits) of block rows u0 .. u1 - 1 (over all calls and groups)
-FP4LAB_Q_CLONES void BlockMax(const float* X, uint32_t* M, const Params& p, int64_t u0, int64_t u1) {
-  const int64_t row = p.nb * p.t2;
-  for (int64_t u = u0; u < u1; ++u) {
-    uint32_t* m = M + u * p.nb;
-    std::fill(m, m + p.nb, 0u);
-    for (int64_t i = 0; i < p.t1; ++i) {
-      const float* x = X + (u * p.t1 + i) * row;
-      if (p.t2 == 1) {
-        for (int64_t k = 0; k < row; ++k) m[k] = std::max(m[k], U(x[k]) & kAbs);
-      } else {
-        for (int64_t b = 0; b < p.nb; ++b) {
-          uint32_t top = m[b];
-          for (int64_t e = 0; e < p.t2; ++e) top = std::max(top, U(x[b * p.t2 + e]) & kAbs);
-          m[b] = top;
-        }
-      }
-    }
-    for (int64_t b = 0; b < p.nb; ++b) m[b] = std::min(m[b], kInf);
-  }
-}
-
 // Whether an element saturated: its grid value g is +-max (bits vbits) and |x| > |x_hat|,
 // compared as magnitude bits (the order of non-NaN floats; a NaN x or g is never counted, as
 // the float comparisons give it), so that the loops stay free of branches
@@ -432,93 +336,82 @@ inline int32_t Saturated(float x, float g, float h, uint32_t vbits) {
   const uint32_t ax = U(x) & kAbs, ah = U(h) & kAbs;
   return int32_t(((U(g) & kAbs) == vbits) & (ax <= kInf) & (ax > ah));
 }
+// The element loops (quantize_loops.h), one copy per instruction set, each in its namespace.
+// x86-64 with GCC or Clang: AVX-512F, AVX2 and the baseline (SSE2); elsewhere the baseline
+// alone, built for the flags of the build (NEON on aarch64). Each call runs one clone: the
+// best this CPU runs, or the one its `clone` attribute names (FP4LAB_CPU_CLONE, read by
+// fp4lab.core.cpu_kernels), so the tests run every clone and the benchmarks a chosen one.
+namespace baseline {
+#include "quantize_loops.h"
+}  // namespace baseline
 
-// x_hat of one row of n elements, element k with multiplier m[k] and scale factor s[k], and
-// how many saturated (grid value +-max and |x| > |x_hat|: the statistics' `saturated`). x may
-// be out (the rotated operand, quantized in place): element k is read, then written, and no
-// other, so the loops carry no dependence (ivdep: vectorized without an overlap check).
-FP4LAB_Q_CLONES int64_t Row(const float* x, float* out, const float* __restrict m,
-                            const float* __restrict s, int64_t n, Elem f, float o) {
-  const uint32_t vbits = U(f.vmax);
-  int32_t c = 0;
-#pragma GCC ivdep
-  for (int64_t k = 0; k < n; ++k) {
-    const float xk = x[k], g = Round<false>(xk * m[k], f, 0);
-    const float h = ((g * 0.5f) * s[k]) * o;
-    out[k] = h;
-    c += Saturated(xk, g, h, vbits);
-  }
-  return c;
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FP4LAB_Q_X86_CLONES 1
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#endif
+namespace avx2 {
+#include "quantize_loops.h"
+}  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+#endif
+namespace avx512f {
+#include "quantize_loops.h"
+}  // namespace avx512f
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+// The clones, numbered as the `clone` attribute names them (0: the best this CPU runs).
+enum Clone : int64_t { kBest = 0, kBaseline = 1, kAvx2 = 2, kAvx512f = 3 };
+
+struct Loops {
+  void (*rotate)(const float*, float*, const float*, const Params&, int64_t, int64_t);
+  void (*block_max)(const float*, uint32_t*, const Params&, int64_t, int64_t);
+  void (*quantize)(const float*, float*, const uint32_t*, const ScopeTerms*, const uint32_t*,
+                   const Params&, int64_t, int64_t, std::atomic<int64_t>*);
+};
+
+// The clones this library holds and this CPU runs, as bits 1 << clone.
+int64_t Runnable() {
+  int64_t bits = int64_t{1} << kBaseline;
+#ifdef FP4LAB_Q_X86_CLONES
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) bits |= int64_t{1} << kAvx2;
+  if (__builtin_cpu_supports("avx512f")) bits |= int64_t{1} << kAvx512f;
+#endif
+  return bits;
 }
 
-// The same with stochastic rounding: element k's bits at counter c0 + k * step
-FP4LAB_Q_CLONES int64_t RowSr(const float* x, float* out, const float* __restrict m,
-                              const float* __restrict s, int64_t n, Elem f, float o, uint32_t k0,
-                              uint32_t k1, uint32_t c0, uint32_t step) {
-  const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
-  const uint32_t vbits = U(f.vmax);
-  int32_t c = 0;
-#pragma GCC ivdep
-  for (int64_t k = 0; k < n; ++k) {
-    const uint32_t bits = Bits(k0, k1, k2, c0 + uint32_t(k) * step);
-    const float xk = x[k], g = Round<true>(xk * m[k], f, bits);
-    const float h = ((g * 0.5f) * s[k]) * o;
-    out[k] = h;
-    c += Saturated(xk, g, h, vbits);
+// The loops of `clone` (kBest: the widest this CPU runs); false where the CPU cannot run it.
+bool PickLoops(int64_t clone, Loops* loops) {
+  const int64_t runnable = Runnable();
+  if (clone == kBest) clone = runnable >> kAvx512f & 1 ? kAvx512f : runnable >> kAvx2 & 1 ? kAvx2 : kBaseline;
+  if (clone < kBaseline || clone > kAvx512f || !(runnable >> clone & 1)) return false;
+#ifdef FP4LAB_Q_X86_CLONES
+  if (clone == kAvx512f) {
+    *loops = {avx512f::Rotate, avx512f::BlockMax, avx512f::Quantize};
+    return true;
   }
-  return c;
-}
-
-// x_hat of block rows u0 .. u1 - 1: each block's terms spread over its elements, then the rows
-FP4LAB_Q_CLONES void Quantize(const float* X, float* O, const uint32_t* M, const ScopeTerms* S,
-                              const uint32_t* K, const Params& p, int64_t u0, int64_t u1,
-                              std::atomic<int64_t>* saturated) {
-  const int64_t row = p.nb * p.t2, rows_per_call = p.unb / row;
-  const int64_t stream_n = p.pa * p.t1;  // the in-place view's quantized axis (L)
-  std::vector<float> mul(row), scale2(row), block_mul(p.nb), block_scale2(p.nb);
-  for (int64_t u = u0; u < u1; ++u) {
-    const ScopeTerms& s = S[u];
-    if (p.rule == kTe && s.s_dec >= 0x1p-60f) {
-      TeTerms(M + u * p.nb, p.nb, s, block_mul.data(), block_scale2.data());
-    } else {
-      for (int64_t b = 0; b < p.nb; ++b) {
-        BlockTerms(p, s, M[u * p.nb + b], &block_mul[b], &block_scale2[b]);
-      }
-    }
-    if (p.t2 == 1) {
-      std::copy(block_mul.begin(), block_mul.end(), mul.begin());
-      std::copy(block_scale2.begin(), block_scale2.end(), scale2.begin());
-    } else {
-      for (int64_t b = 0; b < p.nb; ++b) {
-        std::fill(mul.begin() + b * p.t2, mul.begin() + (b + 1) * p.t2, block_mul[b]);
-        std::fill(scale2.begin() + b * p.t2, scale2.begin() + (b + 1) * p.t2, block_scale2[b]);
-      }
-    }
-    for (int64_t i = 0; i < p.t1; ++i) {
-      const int64_t r = u * p.t1 + i;  // the row, over all calls
-      const float* x = X + r * row;
-      float* out = O + r * row;
-      const int64_t call = r / rows_per_call, in_call = r % rows_per_call;
-      if (!p.sr) {
-        const int64_t c = Row(x, out, mul.data(), scale2.data(), row, p.elem, s.outer);
-        if (p.count && c) saturated[call] += c;
-        continue;
-      }
-      // the counter of element k of this row: c0 + k * step (uint32 arithmetic, as the iotas)
-      uint32_t c0, step;
-      if (p.stream == 0) {
-        c0 = uint32_t(in_call * row);
-        step = 1;
-      } else {  // in-place view: group g, block row a, row i within it
-        const int64_t g = in_call / (p.pa * p.t1), ai = in_call % (p.pa * p.t1);
-        c0 = uint32_t(g) * uint32_t(row) * uint32_t(stream_n) + uint32_t(ai);
-        step = uint32_t(stream_n);
-      }
-      const int64_t c = RowSr(x, out, mul.data(), scale2.data(), row, p.elem, s.outer,
-                              K[2 * call], K[2 * call + 1], c0, step);
-      if (p.count && c) saturated[call] += c;
-    }
+  if (clone == kAvx2) {
+    *loops = {avx2::Rotate, avx2::BlockMax, avx2::Quantize};
+    return true;
   }
+#endif
+  *loops = {baseline::Rotate, baseline::BlockMax, baseline::Quantize};
+  return true;
 }
 
 constexpr int64_t kPartElements = int64_t{1} << 15;
@@ -531,7 +424,7 @@ ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
                           int64_t t2, int64_t unb, int64_t rule, int64_t scope, int64_t given,
                           int64_t sr, int64_t stream, int64_t kmin, int64_t mbits, int64_t emax,
                           float vmax, float inv_max, int64_t rotate, int64_t hk, int64_t sign,
-                          float rest, int64_t count) {
+                          float rest, int64_t count, int64_t clone) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   const int64_t block_row = t1 * nb * t2;
   if (pa <= 0 || t1 <= 0 || nb <= 0 || t2 <= 0 || unb <= 0 || unb % (pa * block_row) != 0 ||
@@ -550,6 +443,11 @@ ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
                  static_cast<int64_t>(signs.element_count()) != calls * t1)) {
     return ffi::Error::InvalidArgument("fp4lab_quantize: a rotation needs t2 = 1 and t1 signs");
   }
+  Loops loops;
+  if (!PickLoops(clone, &loops)) {
+    return ffi::Error::InvalidArgument(
+        "fp4lab_quantize: this library or this CPU has no such clone (fp4lab_quantize_clones)");
+  }
   Params p{pa, t1, nb, t2, unb, rule, sr, stream, emax,
            Elem{int32_t(kmin), int32_t(mbits), vmax}, inv_max, hk, sign != 0, rest, count != 0};
   const int64_t units = n / block_row, per_call = unb / block_row;
@@ -561,13 +459,13 @@ ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
                  // and is quantized from there
     float* R = static_cast<int64_t>(rotated->element_count()) == n ? rotated->typed_data() : O;
     ParallelFor(pool, parts, [&](int64_t c) {
-      Rotate(X, R, signs.typed_data(), p, c * grain, std::min(units, (c + 1) * grain));
+      loops.rotate(X, R, signs.typed_data(), p, c * grain, std::min(units, (c + 1) * grain));
     });
     X = R;
   }
   std::vector<uint32_t> bmax(units * nb);
   ParallelFor(pool, parts, [&](int64_t c) {
-    BlockMax(X, bmax.data(), p, c * grain, std::min(units, (c + 1) * grain));
+    loops.block_max(X, bmax.data(), p, c * grain, std::min(units, (c + 1) * grain));
   });
   // the scopes: one per call ("tensor", or the given amax), per block row ("row"), or none
   std::vector<ScopeTerms> terms(units);
@@ -593,7 +491,7 @@ ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   std::vector<std::atomic<int64_t>> saturated(calls);  // exact counts, in any order
   for (auto& c : saturated) c = 0;
   ParallelFor(pool, parts, [&](int64_t c) {
-    Quantize(X, O, bmax.data(), terms.data(), K, p, c * grain, std::min(units, (c + 1) * grain),
+    loops.quantize(X, O, bmax.data(), terms.data(), K, p, c * grain, std::min(units, (c + 1) * grain),
              saturated.data());
   });
   float* S = sat->typed_data();
@@ -604,6 +502,10 @@ ffi::Error QuantizeBlocks(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
 }
 
 }  // namespace
+
+// The clones of the element loops that this library holds and this CPU runs: bit 1 << c for
+// clone c (1 baseline, 2 avx2, 3 avx512f), what fp4lab.core.cpu_kernels offers.
+extern "C" int64_t fp4lab_quantize_clones() { return Runnable(); }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(fp4lab_quantize, QuantizeBlocks,
                               ffi::Ffi::Bind()
@@ -634,4 +536,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(fp4lab_quantize, QuantizeBlocks,
                                   .Attr<int64_t>("hk")
                                   .Attr<int64_t>("sign")
                                   .Attr<float>("rest")
-                                  .Attr<int64_t>("count"));
+                                  .Attr<int64_t>("count")
+                                  .Attr<int64_t>("clone"));

@@ -9,6 +9,8 @@ range, under vmap, and whatever else shares a vmapped call.
 """
 
 import dataclasses
+import os
+import platform
 
 import jax
 import jax.numpy as jnp
@@ -107,16 +109,78 @@ def _both(spec, rotated=True):
     return jax.jit(ref), jax.jit(kernel)
 
 
+def _each_clone(monkeypatch):
+    """Forces each clone of the kernel's element loops this CPU runs in turn (FP4LAB_CPU_CLONE),
+    yielding its name."""
+    for clone in cpu_kernels.clones():
+        monkeypatch.setenv("FP4LAB_CPU_CLONE", clone)
+        assert fused.enabled() == clone
+        yield clone
+
+
 @pytest.mark.parametrize("name", list(SPECS))
 @pytest.mark.parametrize("axis", [-1, 0])
-def test_kernel_equals_reference_bit_for_bit(name, axis):
+def test_kernel_equals_reference_bit_for_bit_in_every_clone(name, axis, monkeypatch):
+    """The grid through every clone (x86-64: AVX-512F, AVX2 and SSE2, those this CPU runs)."""
     spec = SPECS[name].replace(axis=axis)
     assert fused.supports(spec, jax.random.key(0), None)
-    ref, kernel = _both(spec)
-    for seed in range(3):
-        x = jnp.asarray(_edges((64, 128), seed))
-        key = jax.random.key(seed)
-        _same(ref(x, key, None), kernel(x, key, None))
+    ref = _both(spec)[0]
+    xs = [jnp.asarray(_edges((64, 128), seed)) for seed in range(3)]
+    keys = [jax.random.key(seed) for seed in range(3)]
+    want = [ref(x, key, None) for x, key in zip(xs, keys, strict=True)]
+    for clone in _each_clone(monkeypatch):
+        kernel = _both(spec)[1]  # traced anew: the clone is an attribute of the call
+        lowered = kernel.lower(xs[0], keys[0], None).as_text()
+        assert f"clone = {cpu_kernels.CLONES.index(clone) + 1}" in lowered, clone
+        for x, key, w in zip(xs, keys, want, strict=True):
+            _same(w, kernel(x, key, None))
+
+
+def test_the_clones_and_a_clone_that_cannot_run(monkeypatch):
+    here = cpu_kernels.clones()
+    assert here[0] == "baseline" and set(here) <= set(cpu_kernels.CLONES)
+    if platform.machine() == "x86_64":  # the widest this CPU has runs by default
+        flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+        assert ("avx2" in here) == (" avx2" in flags), (here, "avx2")
+        assert ("avx512f" in here) == (" avx512f" in flags), (here, "avx512f")
+    monkeypatch.delenv("FP4LAB_CPU_CLONE", raising=False)
+    assert cpu_kernels.clone() == here[-1]
+    monkeypatch.setenv("FP4LAB_CPU_CLONE", "neon9")
+    with pytest.raises(ValueError, match="FP4LAB_CPU_CLONE='neon9'.*baseline"):
+        fused.enabled()
+    # the kernel refuses a clone the CPU lacks, rather than run it (or another)
+    x = jnp.ones((16, 16), jnp.float32).reshape(1, 16, 1, 16)
+    call = jax.ffi.ffi_call(
+        "fp4lab_quantize",
+        [jax.ShapeDtypeStruct((16, 16), jnp.float32)]
+        + [jax.ShapeDtypeStruct((1,), jnp.float32)] * 2,
+    )
+    attrs = dict(
+        pa=1,
+        t1=16,
+        nb=1,
+        t2=16,
+        unb=256,
+        rule=1,
+        scope=0,
+        given=0,
+        sr=0,
+        stream=0,
+        kmin=np.int64(127),
+        mbits=1,
+        emax=2,
+        vmax=np.float32(6),
+        inv_max=np.float32(1 / 6),
+        rotate=0,
+        hk=0,
+        sign=0,
+        rest=np.float32(1),
+        count=0,
+    )
+    args = (x.reshape(16, 16), jnp.zeros(2, jnp.uint32), jnp.zeros(1), jnp.ones(16))
+    assert np.asarray(call(*args, **attrs, clone=1)[0]).tolist() == np.ones((16, 16)).tolist()
+    with pytest.raises(Exception, match="no such clone"):
+        jax.block_until_ready(call(*args, **attrs, clone=9))
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e-36, 1e-39, 1e-44, 5e37])

@@ -2,9 +2,10 @@
 
 With a compiler at install, a later process loads the installed library and runs no compiler
 (checked with no compiler on its PATH and an empty kernel cache). Without one, the install still
-succeeds (a wheel built with no compiler on the PATH, used in place of the checkout) and the
+succeeds (a wheel built with no compiler on the PATH, used in place of the checkout), saying
+why in one line and recording it in the wheel (`fp4lab/core/_kernels.failed`), and the
 quickstart (its four cells at one seed and a few steps, telemetry on) runs with the reference
-statistics, said once.
+statistics, said once, and no compiler is looked for again.
 """
 
 import json
@@ -41,6 +42,24 @@ def _no_compiler_env(tmp_path: Path, **extra) -> dict[str, str]:
     return env
 
 
+def copy_checkout(tmp_path: Path, broken: str | None = None) -> Path:
+    """A copy of the checkout's build inputs and package, without a library or a failure's
+    record, in tmp_path/src; `broken` (a source's name) fails at its first line."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(
+        ROOT / "fp4lab",
+        src / "fp4lab",
+        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.failed"),
+    )
+    if broken is not None:
+        path = src / "fp4lab" / "core" / broken
+        path.write_text("#error broken on purpose\n" + path.read_text())
+    return src
+
+
 def _probe(env: dict[str, str], cwd: Path) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", PROBE], env=env, cwd=cwd, capture_output=True, text=True
@@ -68,34 +87,30 @@ def test_the_installed_library_is_loaded_and_no_compiler_runs(tmp_path):
 def test_an_install_without_a_compiler_succeeds_and_runs_with_the_reference_statistics(
     tmp_path,
 ):
-    source = tmp_path / "src"
-    source.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, source / name)
-    shutil.copytree(
-        ROOT / "fp4lab",
-        source / "fp4lab",
-        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
-    )
+    source = copy_checkout(tmp_path)
     env = _no_compiler_env(tmp_path)
     wheels = tmp_path / "wheels"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w"]
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w"]
         + [str(wheels), str(source)],
         env=env,
         capture_output=True,
         text=True,
     )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    said = [ln for ln in (build.stdout + build.stderr).splitlines() if "CPU kernels" in ln]
+    assert len(said) == 1 and "no C++ compiler found" in said[0], said  # one line, the reason
     (wheel,) = wheels.glob("fp4lab-*.whl")
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as z:
         assert not [n for n in z.namelist() if n.endswith(".so")]  # no kernels were built
+        assert "fp4lab/core/_kernels.failed" in z.namelist()  # and why not, for the runs
         z.extractall(site)
     env = env | {"PYTHONPATH": str(site)}
     got = _probe(env, tmp_path)
     assert Path(got["package"]).is_relative_to(site)  # the wheel's package, not the checkout
     assert not got["available"] and "no C++ compiler found" in got["error"]
+    assert "the install could not build" in got["error"]  # the install's record, read
     quickstart = ROOT / "experiments" / "quickstart.py"
     argv = ["run", str(quickstart), "--seeds", "1", "--steps", "3", "--out", "r", "--quiet"]
     run = subprocess.run(
