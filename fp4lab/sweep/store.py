@@ -207,10 +207,12 @@ class Store:
         return self.runs_dir / f"{rid}.json"
 
     def index(self) -> Index:
-        """The folder's index, up to date with its files when first asked for."""
+        """The folder's index, up to date with its files when first asked for; each damaged
+        compacted part is reported then, in one warning line (`Index.report_damaged`)."""
         if self._index is None:
             self._index = Index(self.path, config_id, code_version, NUMERICS_VERSION)
-            self.refresh()
+            self._index.refresh()
+            self._index.report_damaged()
         return self._index
 
     def close(self) -> None:
@@ -221,12 +223,19 @@ class Store:
 
     def refresh(self) -> None:
         """Reads into the index the files changed since it last did (`Index.refresh`)."""
-        index = self.index() if self._index is None else self._index
-        index.refresh(compact.parts(self.path), lambda name: compact.read_part(self.path, name))
+        self.index().refresh()
+
+    def damaged(self) -> dict[str, str]:
+        """{run id: the damaged compacted part that spoils it} (`Index.damaged_runs`): such runs
+        count as damaged (`fp4lab ls`), a rerun computes them again, their metrics are not
+        read, and every reader names the part (`Index.report_damaged`)."""
+        return self.index().damaged_runs()
 
     def statuses(self) -> dict[str, tuple[str, str]]:
-        """{run id: (status, code version)} of every run of the folder, from the index."""
-        return {row[0]: (row[3], row[8]) for row in self.index().rows()}
+        """{run id: (status, code version)} of every run of the folder, from the index; a run
+        a damaged part spoils has status "damaged" (`damaged`)."""
+        bad = self.damaged()
+        return {r[0]: ("damaged" if r[0] in bad else r[3], r[8]) for r in self.index().rows()}
 
     def read(self, rid: str, metrics: bool = True) -> dict[str, Any] | None:
         """The record of run `rid`, or None when it is absent or bad (bad: one warning). With
@@ -247,7 +256,7 @@ class Store:
             def table(r, _):
                 return compact.read_metrics(self.path, source, [rid])
 
-        if not (metrics and record and record.get("metrics")):
+        if not (metrics and record and record.get("metrics")) or rid in self.damaged():
             return record
         rows = table(record, self.runs_dir)
         if not rows.num_rows:  # dropped by a thinning compaction: `reproduce` regenerates them
@@ -257,7 +266,7 @@ class Store:
     def finished(self, rid: str) -> bool:
         """Whether `rid` has a valid record with status "ok" (failed runs are retried)."""
         rows = self.index().rows("run_id=?", (rid,))
-        return bool(rows) and rows[0][3] == "ok"
+        return bool(rows) and rows[0][3] == "ok" and rid not in self.damaged()
 
     def write(self, record: dict[str, Any]) -> Path:
         """Writes one run record: its series and telemetry to `<run_id>.parquet`, then the rest
@@ -373,16 +382,17 @@ class Store:
         return self._config_cache
 
     def made(self, frame: pd.DataFrame | None = None) -> dict[str, tuple[str, str, str]]:
-        """{run id: (the cell its record names, its config id, its status)} of every run, from
-        one query of the index or from the folder's `frame` when read: what
-        `fp4lab.sweep.cells.checked` and `fp4lab ls` read."""
+        """{run id: (the cell its record names, its config id, its status: "damaged" where a
+        damaged part spoils it)} of every run, from one query of the index or from the folder's
+        `frame` when read: what `fp4lab.sweep.cells.checked` and `fp4lab ls` read."""
         columns = ["run_id", "cell", "config_key", "status"]
         if frame is None:
             rows = self.index().rows(columns=", ".join(columns))
         else:
             rows = zip(*(frame[c].tolist() for c in columns), strict=True)
         ids = {key: cid for key, (_, _, cid) in self.configs().items()}
-        return {rid: (cell, ids[key], status) for rid, cell, key, status in rows}
+        bad = self.damaged()
+        return {r: (c, ids[k], "damaged" if r in bad else s) for r, c, k, s in rows}
 
     def current_ids(
         self, manifest: dict[str, Any] | None = None, frame: pd.DataFrame | None = None
