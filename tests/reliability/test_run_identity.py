@@ -1,5 +1,5 @@
-"""A run id (and a stored program's key) covers all the user code a run executes, and is the
-same in every process."""
+"""A run id (and a stored program's key) covers all the user code a run executes, is the same in
+every process, and no run is stored under a recipe that quantized nothing."""
 
 import os
 import subprocess
@@ -9,6 +9,8 @@ import textwrap
 import pytest
 
 import fp4lab as fl
+from fp4lab.sweep import compute
+from fp4lab.train.config import Config
 
 OWN = """
 import jax
@@ -139,3 +141,49 @@ def test_a_python_task_hash_is_the_same_in_every_process_and_covers_its_modules(
     assert {elsewhere(1).strip(), elsewhere(2).strip()} == {before}  # three processes
     (code / "pkgx" / "inner.py").write_text("SCALE = 3\n")  # a module the helper imports
     assert here() != before
+
+
+def test_a_model_with_nothing_to_quantize_is_refused_before_anything_runs():
+    nnx, jnp = pytest.importorskip("flax.nnx"), pytest.importorskip("jax.numpy")
+
+    class Plain(nnx.Module):  # its matmul is no seam quantize_model can reach
+        def __init__(self, rngs):
+            self.w = nnx.Param(jnp.eye(8))
+
+        def __call__(self, x):
+            return x @ self.w
+
+    def model(config, rngs):
+        return Plain(rngs)
+
+    def loss(model, batch):
+        return jnp.mean(model(batch) ** 2)
+
+    def batch(key, step):
+        return jnp.ones((4, 8)) * step
+
+    name = fl.own.task(model, loss, batch)
+    base = Config(task="own", task_file=name, batch_size=4, steps=2, warmup=0, eval_batches=1)
+    why = compute.check_cell(base.replace(recipe="nvfp4"))
+    assert why is not None and "nothing of the model would be quantized" in why
+    assert compute.check_cell(base.replace(recipe="fp32")) is None  # a baseline quantizes nothing
+    keep_all = base.replace(recipe="nvfp4", rules=((".*", None),))
+    assert "nothing of the model would be quantized" in compute.check_cell(keep_all)
+
+
+def test_a_model_function_that_returns_no_module_is_one_line():
+    nnx, jnp = pytest.importorskip("flax.nnx"), pytest.importorskip("jax.numpy")
+
+    def model(config, rngs):
+        layer = nnx.Linear(8, 8, rngs=rngs)
+        return lambda x: layer(x)  # a function, not the module
+
+    def loss(model, batch):
+        return jnp.mean(model(batch) ** 2)
+
+    def batch(key, step):
+        return jnp.ones((4, 8))
+
+    config = Config(task="own", task_file=fl.own.task(model, loss, batch), batch_size=4, steps=2)
+    why = compute.check_cell(config.replace(warmup=0, eval_batches=1))
+    assert why.startswith("ConfigError: the task's model(config, rngs) returned a function")
