@@ -14,11 +14,12 @@ Records written before the Parquet files (schema 1 and 2) hold the series and te
 the JSON; they are read as they are, and `load` gives the same tables for both layouts.
 
 A run's id (`run_id`) hashes everything that decides its numbers: the resolved config, the three
-seeds, the content hash of any data file it reads (`data_hashes`) and `NUMERICS_VERSION`, which
-the code bumps whenever a change alters results on purpose. A rerun therefore skips exactly the
-runs whose numbers it would reproduce, and recomputes the rest (an edited config or data file, a
-numerics change). Files are written atomically (`fp4lab.sweep.records`); everything is JSON (no
-pickle): loading someone else's results never runs their code.
+seeds, the content hash of any data file it reads and of the user's code (`data_hashes`, with the
+route of a process without the CPU kernels) and `NUMERICS_VERSION`, which the code bumps when a
+change alters results on purpose. A rerun therefore skips exactly the runs whose numbers it would
+reproduce, and recomputes the rest (an edited config or data file, a numerics change). Files
+are written atomically (`fp4lab.sweep.records`); everything is JSON (no pickle): loading
+someone else's results never runs their code.
 
 Current and stale: the runs of `experiment.json`'s cells are current; any other record in `runs/`
 (an earlier version of the file, other steps or seeds, another numerics version) is stale. `load`
@@ -57,7 +58,7 @@ from fp4lab.sweep import compact, frames
 from fp4lab.sweep import metrics as metrics_file
 from fp4lab.sweep.cells import checked
 from fp4lab.sweep.index import COLUMNS, Index, stamp_of
-from fp4lab.sweep.provenance import code_version, cpu, host, package_versions
+from fp4lab.sweep.provenance import code_version, cpu, host, numerics_route, package_versions
 from fp4lab.sweep.records import (
     SCHEMA,
     CorruptRecord,
@@ -123,17 +124,20 @@ _NUMBERS = dict.fromkeys(SEED_COLUMNS + ("numerics", "has_file"), "int64") | {
 
 
 def data_hashes(config: dict[str, Any]) -> dict[str, str]:
-    """{config field: sha256 of the file's bytes} for each data file the config reads.
+    """{config field: sha256 of the file's bytes} for each data file the config reads, and
+    the numerics route where this process computes without the CPU kernels
+    (`fp4lab.sweep.provenance.numerics_route`).
 
     Raises:
       OSError: the file cannot be read (the experiment loader reports it with its cell).
     """
+    route = numerics_route()  # computed without the CPU kernels: runs of their own
     if config.get("task") == "own":  # the file's source and the data files it declares
-        return own.hashes(config["task_file"])
+        return own.hashes(config["task_file"]) | route
     field = _DATA_FIELDS.get(config.get("task"))
     if not field or not config.get(field):
-        return {}
-    return {field: hashlib.sha256(Path(config[field]).read_bytes()).hexdigest()}
+        return route
+    return {field: hashlib.sha256(Path(config[field]).read_bytes()).hexdigest()} | route
 
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:

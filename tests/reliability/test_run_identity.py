@@ -187,3 +187,23 @@ def test_a_model_function_that_returns_no_module_is_one_line():
     config = Config(task="own", task_file=fl.own.task(model, loss, batch), batch_size=4, steps=2)
     why = compute.check_cell(config.replace(warmup=0, eval_batches=1))
     assert why.startswith("ConfigError: the task's model(config, rngs) returned a function")
+
+
+def test_runs_computed_without_the_kernels_carry_their_own_ids_and_say_so(tmp_path, monkeypatch):
+    from fp4lab.core import cpu_kernels
+
+    (tmp_path / "exp.py").write_text(
+        "from fp4lab.train.config import Config\n\n"
+        "def get_config():\n"
+        "    return Config(task='teacher', din=16, dout=16, teacher_hidden=(16,), hidden=(16,),"
+        " steps=2, telemetry_every=1)\n\n"
+        "def sweep(add):\n"
+        "    add('nvfp4', recipe='nvfp4', seeds=2)\n"
+    )
+    cell = fl.sweep.load_experiment(tmp_path / "exp.py").cells[0]
+    assert "numerics_route" not in cell.data  # the kernels load here: the ids of before
+    monkeypatch.setattr(cpu_kernels, "_build", lambda: (None, "cannot load it (a test)"))
+    with pytest.warns(RuntimeWarning, match="carry their own run ids"):
+        without = fl.sweep.load_experiment(tmp_path / "exp.py").cells[0]
+    assert without.data == {"numerics_route": "reference"}
+    assert not set(without.run_ids()) & set(cell.run_ids())
