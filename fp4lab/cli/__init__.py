@@ -118,8 +118,9 @@ def terminate_as_interrupt():
     `restore_termination` (None off the main thread, where nothing is installed).
 
     A KeyboardInterrupt raised where Python ignores exceptions (a garbage-collection callback,
-    such as jax's, or a `__del__`) was lost, and the run went on to its end: such a lost one is
-    delivered again (the signal is sent anew) instead of reported as ignored."""
+    such as jax's, or a `__del__`) was lost, and the run went on to its end: such a lost one,
+    of a SIGTERM or of a Ctrl-C, is delivered again (the signal is sent anew) instead of
+    reported as ignored with a traceback."""
     if threading.current_thread() is not threading.main_thread():
         return None
     previous_hook = sys.unraisablehook
@@ -129,8 +130,10 @@ def terminate_as_interrupt():
 
     def hook(unraisable):
         exc = unraisable.exc_value
-        if isinstance(exc, KeyboardInterrupt) and str(exc) == f"signal {int(signal.SIGTERM)}":
-            resend = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
+        if isinstance(exc, KeyboardInterrupt):  # SIGTERM's (handler) or Ctrl-C's (SIGINT)
+            term = str(exc) == f"signal {int(signal.SIGTERM)}"
+            again = signal.SIGTERM if term else signal.SIGINT
+            resend = threading.Timer(0.05, os.kill, (os.getpid(), again))
             resend.daemon = True
             resend.start()
             return

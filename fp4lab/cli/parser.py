@@ -212,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--out", help="where to write (default: inside the results folder)")
         if name == "show":
             p.add_argument("--stale", action="store_true", help="the stale runs instead")
+        if name == "compact":
+            p.add_argument(
+                "--check",
+                action="store_true",
+                help="compact nothing: read every part of the dataset and say which are damaged "
+                "(exit 1 if any)",
+            )
         p.set_defaults(func=fn)
 
     text = "write every run's metrics in another format (TensorBoard event files)"

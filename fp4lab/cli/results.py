@@ -31,11 +31,13 @@ def ls(args) -> int:
             labelled = store.label_runs(st.frame(["run_id", "cell", "config_key"]), {})
             pairs = zip(labelled["run_id"].tolist(), labelled["label"].tolist(), strict=True)
             listed = cells_of(pairs)
+        damaged = st.damaged()  # a damaged part's runs, with a record or not
         for cell in listed:
-            states = [status.get(r) for r in cell["run_ids"]]
-            ok, failed = states.count("ok"), states.count("failed")
-            missing = len(states) - ok - failed
-            print(f"  {cell.get('label', '?'):40s} ok {ok}  failed {failed}  missing {missing}")
+            states = ["damaged" if r in damaged else status.get(r) for r in cell["run_ids"]]
+            ok, failed, bad = (states.count(s) for s in ("ok", "failed", "damaged"))
+            missing = len(states) - ok - failed - bad
+            counts = f"ok {ok}  failed {failed}  missing {missing}"
+            print(f"  {cell.get('label', '?'):40s} {counts}" + (f"  damaged {bad}" if bad else ""))
         stale = len(status.keys() - current)
         if stale:
             print(f"  stale: {stale} runs the experiment file no longer asks for (show --stale)")
@@ -45,6 +47,8 @@ def ls(args) -> int:
 def compact(args) -> int:
     from fp4lab.sweep import compact
 
+    if args.check:
+        return check_parts(results_folder(args.results))
     counts = compact.compact(results_folder(args.results))
     where = f"part {counts['part']} of {args.results}/{compact.FOLDER}"
     print(
@@ -52,6 +56,28 @@ def compact(args) -> int:
         + (f" into {where}" if counts["part"] else "")
     )
     return 0
+
+
+def check_parts(folder: Path) -> int:
+    """`fp4lab compact --check`: every part of the folder's dataset read and checked (its
+    records and the sha256 of its metrics part), one line each; 1 if any is damaged."""
+    import warnings
+
+    from fp4lab.sweep import compact
+
+    found = compact.parts(folder)
+    damaged = 0
+    for name, _, _ in found:
+        with warnings.catch_warnings():  # the line below says it
+            warnings.simplefilter("ignore")
+            records, why, held = compact.check_part(folder, name)
+        if why is None:
+            print(f"{folder / name}: ok, {len(records)} runs")
+        else:
+            damaged += 1
+            print(f"{folder / name}: damaged ({why}); {len(held)} runs: {', '.join(held)}")
+    print(f"{folder}: {len(found)} parts checked, {damaged} damaged")
+    return 1 if damaged else 0
 
 
 def cells_of(labelled) -> list[dict]:

@@ -52,7 +52,15 @@ from fp4lab.sweep.records import (
     warn_bad,
 )
 
-__all__ = ["FOLDER", "METRICS_SCHEMA", "compact", "parts", "read_metrics", "read_part"]
+__all__ = [
+    "FOLDER",
+    "METRICS_SCHEMA",
+    "check_part",
+    "compact",
+    "parts",
+    "read_metrics",
+    "read_part",
+]
 
 FOLDER = "compact"
 METRICS_SCHEMA = pa.schema(
@@ -83,11 +91,18 @@ def _number(path: Path) -> int:
 
 
 def parts(folder: Path) -> list[tuple[str, str, int]]:
-    """[(name relative to the folder, stamp, number)] of the folder's records parts."""
+    """[(name relative to the folder, stamp, number)] of the folder's records parts; the stamp
+    tells a change of the records part or of its metrics part (size and modification time)."""
     out = []
     for p in sorted((Path(folder) / FOLDER).glob("records-[0-9]*.parquet")):
-        st = p.stat()
-        out.append((f"{FOLDER}/{p.name}", f"{st.st_size}:{st.st_mtime_ns}", _number(p)))
+        stats = []
+        for f in (p, _metrics_path(p)):
+            try:
+                st = f.stat()
+                stats.append(f"{st.st_size}:{st.st_mtime_ns}")
+            except OSError:
+                stats.append("-")
+        out.append((f"{FOLDER}/{p.name}", ";".join(stats), _number(p)))
     return out
 
 
@@ -95,36 +110,75 @@ def _metrics_path(records_path: Path) -> Path:
     return records_path.with_name(records_path.name.replace("records-", "metrics-"))
 
 
-def read_part(folder: Path, name: str, run_ids: Iterable[str] | None = None) -> list[dict]:
-    """The checked records of a records part (all, or those of `run_ids`); a bad record, or a
-    metrics part whose sha256 is not the one the records part names, is skipped with one
-    warning (`fp4lab.sweep.records.warn_bad`)."""
+def read_part(folder: Path, name: str, run_ids: Iterable[str]) -> list[dict]:
+    """The records of `run_ids` in records part `name` that pass their checks (the part as a
+    whole is checked by `check_part` when the index reads it)."""
     path = Path(folder) / name
     try:
         table = pq.read_table(path, schema=RECORDS_SCHEMA)
-        if run_ids is None:
-            sha = (pq.read_schema(path).metadata or {}).get(_SHA, b"").decode()
-            if file_sha256(_metrics_path(path)) != sha:
-                warn_bad(
-                    path,
-                    f"bad part, skipped: {_metrics_path(path).name} is not the one "
-                    "it was written with (sha256)",
-                )
-                return []
-        else:
-            table = table.filter(pc.is_in(table["run_id"], pa.array(list(run_ids), pa.string())))
-    except (OSError, pa.ArrowException) as e:
+        table = table.filter(pc.is_in(table["run_id"], pa.array(list(run_ids), pa.string())))
+    except Exception as e:  # whatever a damaged file makes the reader raise
         warn_bad(path, f"bad part, skipped: {e}")
         return []
-    out = []
+    records, _, _ = _checked(path, table)
+    return records
+
+
+def check_part(folder: Path, name: str) -> tuple[list[dict], str | None, list[str]]:
+    """(the records of records part `name` that pass their checks, what is wrong with the part
+    or None, the run ids whose files it damages). The metrics part beside it must be the one the
+    records part names (sha256); if it is not (missing, edited), the records still serve what
+    they hold (summaries), and every run of the part is damaged (its metrics are not read). A
+    records part that cannot be read damages the runs its metrics part names."""
+    path = Path(folder) / name
+    mpath = _metrics_path(path)
+    try:
+        table = pq.read_table(path, schema=RECORDS_SCHEMA)
+        sha = (pq.read_schema(path).metadata or {}).get(_SHA, b"").decode()
+    except Exception as e:  # whatever a damaged file makes the reader raise
+        try:
+            held = pq.read_table(mpath, columns=["run_id"])["run_id"].unique().to_pylist()
+        except Exception:  # a damaged file
+            held = []
+        return [], f"{path.name} cannot be read ({_brief(e)})", held
+    records, bad, why = _checked(path, table)
+    damage = [f"{len(bad)} of its records fail their checks ({why})"] if bad else []
+    try:
+        metrics_ok = file_sha256(mpath) == sha
+    except OSError as e:
+        damage.append(f"{mpath.name} cannot be read ({e.strerror or e})")
+        metrics_ok = False
+    else:
+        if not metrics_ok:
+            damage.append(f"{mpath.name} is not the one it was written with (sha256)")
+    if not metrics_ok:
+        bad += table["run_id"].to_pylist()
+    return records, "; ".join(damage) or None, sorted(set(bad))
+
+
+def _checked(path: Path, table: pa.Table) -> tuple[list[dict], list[str], str | None]:
+    """(the records of a records part's `table` that pass `check_record`, the run ids of those
+    that do not, what is wrong with the first); each bad one warned about once per process."""
+    records, bad, first = [], [], None
     for rid, text in zip(table["run_id"].to_pylist(), table["record"].to_pylist(), strict=True):
-        body = json.loads(text)
-        why = check_record(body, rid)
+        try:
+            body = json.loads(text)
+            why = check_record(body, rid)
+        except (ValueError, TypeError, RecursionError) as e:
+            body, why = None, f"does not parse ({_brief(e)})"
         if why is None:
-            out.append(body)
-        else:
-            warn_bad(path, f"bad run record {rid} in the part, skipped: {why}")
-    return out
+            records.append(body)
+            continue
+        warn_bad(path, f"bad run record {rid} in the part, skipped: {why}", stacklevel=4)
+        bad.append(rid)
+        if isinstance(body, dict) and isinstance(body.get("run_id"), str):
+            bad.append(body["run_id"])  # the id its text names, where the column's is damaged
+        first = first or why
+    return records, bad, first
+
+
+def _brief(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def read_metrics(
@@ -200,12 +254,15 @@ def compact(
     if not folder.is_dir():
         raise FileNotFoundError(f"no results folder at {folder}")
     runs = folder / "runs"
-    if not runs.is_dir() and not (folder / FOLDER).is_dir():
-        raise StoreError(f"{folder} is not a results folder (no runs/): nothing to compact")
+    if not any((folder / f).exists() for f in ("runs", FOLDER, "experiment.json")):
+        raise StoreError(
+            f"{folder} is not a results folder (no experiment.json, runs/ or {FOLDER}/): "
+            "nothing to compact"
+        )
     with lock.writer(folder):
         for tmp in (folder / FOLDER).glob(".*.tmp"):  # a compaction killed while it wrote
             tmp.unlink()
-        done = {r["run_id"]: r["checksum"] for n, _, _ in parts(folder) for r in _texts(folder / n)}
+        done = {rid: c for n, _, _ in parts(folder) for rid, c in _checksums(folder / n).items()}
         records, texts, dropped = [], {}, []
         for f in sorted(runs.glob("*.json")) if runs.is_dir() else ():
             record = read_record(f)
@@ -248,9 +305,17 @@ def compact(
     return {"runs": len(records), "part": number if records else 0}
 
 
-def _texts(path: Path) -> list[dict]:
-    table = pq.read_table(path, columns=["record"])
-    return [json.loads(t) for t in table["record"].to_pylist()]
+def _checksums(path: Path) -> dict[str, str]:
+    """{run id: checksum} of the records of a part that pass their checks (the runs of a
+    damaged part are compacted again)."""
+    try:
+        table = pq.read_table(path, schema=RECORDS_SCHEMA)
+    except Exception:  # a damaged file
+        return {}
+    texts = dict(zip(table["run_id"].to_pylist(), table["record"].to_pylist(), strict=True))
+    return {
+        b["run_id"]: json.loads(texts[b["run_id"]])["checksum"] for b in _checked(path, table)[0]
+    }
 
 
 def _write_metrics(tmp: str, records: list[dict], runs: Path) -> None:

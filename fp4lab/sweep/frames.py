@@ -105,18 +105,21 @@ def metrics_frame(
     store, chosen: pd.DataFrame, configs: dict, summaries: list[dict], names
 ) -> pd.DataFrame:
     """The long metrics table of the chosen rows: their metrics files or compacted parts, the
-    metrics `names` only (None: all; False: none), then each run's final eval_loss."""
+    metrics `names` only (None: all; False: none), then each run's final eval_loss. The
+    metrics of runs a damaged compacted part spoils are not read (`Store.damaged`: every reader
+    names that part)."""
     empty = pd.DataFrame({"run_id": [], "step": [], "metric": [], "value": []})
     if names is False or chosen.empty:
         return empty.astype({"run_id": str, "step": np.int64, "metric": str, "value": np.float64})
-    has_file = chosen["has_file"].astype(bool)
+    read = chosen[~chosen["run_id"].isin(list(store.damaged()))]
+    has_file = read["has_file"].astype(bool)
     parts = []
-    for rid, source, in_file in zip(chosen["run_id"], chosen["source"], has_file, strict=True):
+    for rid, source, in_file in zip(read["run_id"], read["source"], has_file, strict=True):
         if source == "runs" and in_file:
             parts.append(metrics_file.read_file(store.runs_dir / f"{rid}.parquet"))
         elif not in_file:  # older records: the series inside the JSON
             parts.append(metrics_file.table_of(store.read(rid, metrics=False), store.runs_dir))
-    compacted = chosen[has_file & (chosen["source"] != "runs")]
+    compacted = read[has_file & (read["source"] != "runs")]
     for source, rs in compacted.groupby("source", sort=False):
         parts.append(compact.read_metrics(store.path, source, rs["run_id"], names, set(rs["cell"])))
     if names is None or "eval_loss" in names:

@@ -16,8 +16,11 @@ meaning: init seeds the model, data the batches, quant the quantizer; seeds run 
 `seed_batch`, each seed bit-identical whichever seeds share its call.
 
 What identifies the task in run ids (`task_hash`): the source of the functions and of every
-function and class of their modules they reach by name, and the values they hold in a closure
-or reach as a global: arrays (in-memory data) by their bytes, numbers and strings; anything
+function and class of their modules they reach by name, the source of the user's modules they
+reach (a module, or a function or class of another module, read as a global: its file and
+those of the user's modules it imports, `fp4lab.train.user_code`), and the values they hold in
+a closure or reach as a global: arrays (in-memory data) by their bytes, numbers and strings;
+the same in every process (names in sorted order, never a set's); anything
 else they read (a file, an iterator) is named by `data`, a {name: bytes, array or Path} the
 hash covers too. So an
 edited function or other data gives new runs, and a rerun of the same skips finished ones.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import sys
 import tempfile
 import types
 from collections.abc import Callable, Mapping
@@ -41,7 +45,7 @@ import numpy as np
 from fp4lab.sweep import runner
 from fp4lab.sweep import store as results_store
 from fp4lab.sweep.experiment import Cell, Experiment, ExperimentError, jsonable, seed_triples
-from fp4lab.train import own
+from fp4lab.train import own, user_code
 from fp4lab.train.config import Config, ConfigError, make
 
 __all__ = ["task", "task_hash", "train", "sweep"]
@@ -83,7 +87,7 @@ def _code(obj, digest, seen: set[int]) -> None:
                 _reached(cell.cell_contents, None, digest, seen)
             except ValueError:  # an empty cell
                 pass
-        for name in _names(fn.__code__):
+        for name in sorted(_names(fn.__code__)):  # not set order: it changes per process
             if name in fn.__globals__:
                 _reached(fn.__globals__[name], obj, digest, seen)
 
@@ -97,14 +101,33 @@ def _names(code) -> set[str]:
 
 
 def _reached(value, owner, digest, seen: set[int]) -> None:
-    """A value a function reads: a function or class (its code; of a global, only where the
-    function's module defines it), an array, a number, a string or a container of them. A
-    module or any other object adds its type's name only (its repr may hold an address)."""
+    """A value a function reads: a function or class (its code where the function's module
+    defines it; else the source of its module if that is the user's), a module (its source
+    and that of the user's modules it imports, if it is the user's: `user_code`), an array, a
+    number, a string or a container of them. Any other object adds its type's name only (its
+    repr may hold an address)."""
     if isinstance(value, types.FunctionType | type):
-        if owner is None or getattr(value, "__module__", None) == owner.__module__:
+        module = getattr(value, "__module__", None)
+        if owner is None or module == owner.__module__:
             _code(value, digest, seen)
-    elif not isinstance(value, types.ModuleType):
+        elif module in sys.modules:
+            _module(sys.modules[module], digest, seen)
+    elif isinstance(value, types.ModuleType):
+        _module(value, digest, seen)
+    else:
         _value(value, digest, seen)
+
+
+def _module(module: types.ModuleType, digest, seen: set[int]) -> None:
+    """The source of a module of the user's and of the user's modules it imports."""
+    path = user_code.module_file(module)
+    if path is None or id(module) in seen:
+        return
+    seen.add(id(module))
+    source = path.read_bytes()
+    package = module.__name__ if path.name == "__init__.py" else module.__name__.rpartition(".")[0]
+    for name, file in {module.__name__: path, **user_code.imported(source, path, package)}.items():
+        digest.update(f"module:{name}".encode() + b"\0" + file.read_bytes())
 
 
 def _value(value, digest, seen: set[int]) -> None:

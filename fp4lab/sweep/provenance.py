@@ -1,8 +1,9 @@
 """Where a run was computed: package versions, git revision, python, backend, device, CPU.
 
 A record's `provenance` (`fp4lab.sweep.store.provenance`: `host` and the numerics version)
-says what made its numbers; `code_version` names the code in one string, and `cpu` the host
-CPU with the vector extensions that decide XLA's summation orders.
+says what made its numbers; `code_version` names the code in one string, `cpu` the host
+CPU with the vector extensions that decide XLA's summation orders, and `numerics_route` whether
+this process computes on the CPU without fp4lab's kernels (a route run ids name).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import importlib.metadata
 import platform
 import subprocess
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["code_version", "cpu", "host", "package_versions"]
+__all__ = ["code_version", "cpu", "host", "numerics_route", "package_versions"]
 
 _PACKAGES = ("fp4lab", "jax", "jaxlib", "flax", "optax", "ml_dtypes", "numpy")
 
@@ -101,3 +103,28 @@ def code_version(prov: dict[str, Any] | None) -> str:
     v = prov.get("versions") or {}
     rev = (prov.get("git_revision") or "no git")[:10]
     return f"fp4lab {v.get('fp4lab')} ({rev}), jax {v.get('jax')}, jaxlib {v.get('jaxlib')}"
+
+
+def numerics_route() -> dict[str, str]:
+    """{"numerics_route": "reference"} where this process computes on the CPU without fp4lab's
+    CPU kernels (`fp4lab.core.cpu_kernels.available` is False: the library cannot be built or
+    loaded), else {}. Such runs compute the telemetry's statistics with the reference formulas
+    (float32 sums: other last bits), and the program XLA compiles around them differs, which can
+    move the last bit of a gradient norm; so they carry ids of their own
+    (`fp4lab.sweep.store.data_hashes` adds this), and one warning per process says so. Loads
+    jax (where a run id is computed, not in `ls`/`show`)."""
+    import jax
+
+    from fp4lab.core import cpu_kernels
+
+    if jax.default_backend() != "cpu" or cpu_kernels.available():
+        return {}
+    why = f" ({cpu_kernels.build_error()})" if cpu_kernels.build_error() else ""
+    warnings.warn(
+        f"fp4lab: the CPU kernels are not available{why}; runs are "
+        "computed with the reference formulas and carry their own run ids "
+        "(numerics_route=reference in their data hashes)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return {"numerics_route": "reference"}

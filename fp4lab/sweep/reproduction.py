@@ -65,7 +65,14 @@ def reproduce(folder: str | os.PathLike, run_id: str, *, check: bool = True) -> 
         data = results_store.data_hashes(record["config"])
     except OSError as e:
         raise ReproductionError(f"run {run_id}: cannot read its data file ({e})") from e
-    if data != (record.get("data") or {}):
+    stored = record.get("data") or {}
+    if data.get("numerics_route") != stored.get("numerics_route"):
+        routes = [d.get("numerics_route", "kernels") for d in (stored, data)]
+        raise ReproductionError(
+            f"run {run_id} was computed by the numerics route {routes[0]!r} (CPU kernels or "
+            f"not) and this process computes by {routes[1]!r}, so its bits may differ"
+        )
+    if data != stored:
         raise ReproductionError(f"run {run_id}: its data file changed since the run ({data})")
     seeds = tuple(record["seeds"][s] for s in ("init", "data", "quant"))
     (fresh,) = compute_cell(record["config"], [seeds])

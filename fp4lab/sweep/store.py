@@ -14,11 +14,12 @@ Records written before the Parquet files (schema 1 and 2) hold the series and te
 the JSON; they are read as they are, and `load` gives the same tables for both layouts.
 
 A run's id (`run_id`) hashes everything that decides its numbers: the resolved config, the three
-seeds, the content hash of any data file it reads (`data_hashes`) and `NUMERICS_VERSION`, which
-the code bumps whenever a change alters results on purpose. A rerun therefore skips exactly the
-runs whose numbers it would reproduce, and recomputes the rest (an edited config or data file, a
-numerics change). Files are written atomically (`fp4lab.sweep.records`); everything is JSON (no
-pickle): loading someone else's results never runs their code.
+seeds, the content hash of any data file it reads and of the user's code (`data_hashes`, with the
+route of a process without the CPU kernels) and `NUMERICS_VERSION`, which the code bumps when a
+change alters results on purpose. A rerun therefore skips exactly the runs whose numbers it would
+reproduce, and recomputes the rest (an edited config or data file, a numerics change). Files
+are written atomically (`fp4lab.sweep.records`); everything is JSON (no pickle): loading
+someone else's results never runs their code.
 
 Current and stale: the runs of `experiment.json`'s cells are current; any other record in `runs/`
 (an earlier version of the file, other steps or seeds, another numerics version) is stale. `load`
@@ -57,7 +58,7 @@ from fp4lab.sweep import compact, frames
 from fp4lab.sweep import metrics as metrics_file
 from fp4lab.sweep.cells import checked
 from fp4lab.sweep.index import COLUMNS, Index, stamp_of
-from fp4lab.sweep.provenance import code_version, cpu, host, package_versions
+from fp4lab.sweep.provenance import code_version, cpu, host, numerics_route, package_versions
 from fp4lab.sweep.records import (
     SCHEMA,
     CorruptRecord,
@@ -123,17 +124,20 @@ _NUMBERS = dict.fromkeys(SEED_COLUMNS + ("numerics", "has_file"), "int64") | {
 
 
 def data_hashes(config: dict[str, Any]) -> dict[str, str]:
-    """{config field: sha256 of the file's bytes} for each data file the config reads.
+    """{config field: sha256 of the file's bytes} for each data file the config reads, and
+    the numerics route where this process computes without the CPU kernels
+    (`fp4lab.sweep.provenance.numerics_route`).
 
     Raises:
       OSError: the file cannot be read (the experiment loader reports it with its cell).
     """
+    route = numerics_route()  # computed without the CPU kernels: runs of their own
     if config.get("task") == "own":  # the file's source and the data files it declares
-        return own.hashes(config["task_file"])
+        return own.hashes(config["task_file"]) | route
     field = _DATA_FIELDS.get(config.get("task"))
     if not field or not config.get(field):
-        return {}
-    return {field: hashlib.sha256(Path(config[field]).read_bytes()).hexdigest()}
+        return route
+    return {field: hashlib.sha256(Path(config[field]).read_bytes()).hexdigest()} | route
 
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:
@@ -207,10 +211,12 @@ class Store:
         return self.runs_dir / f"{rid}.json"
 
     def index(self) -> Index:
-        """The folder's index, up to date with its files when first asked for."""
+        """The folder's index, up to date with its files when first asked for; each damaged
+        compacted part is reported then, in one warning line (`Index.report_damaged`)."""
         if self._index is None:
             self._index = Index(self.path, config_id, code_version, NUMERICS_VERSION)
-            self.refresh()
+            self._index.refresh()
+            self._index.report_damaged()
         return self._index
 
     def close(self) -> None:
@@ -221,12 +227,19 @@ class Store:
 
     def refresh(self) -> None:
         """Reads into the index the files changed since it last did (`Index.refresh`)."""
-        index = self.index() if self._index is None else self._index
-        index.refresh(compact.parts(self.path), lambda name: compact.read_part(self.path, name))
+        self.index().refresh()
+
+    def damaged(self) -> dict[str, str]:
+        """{run id: the damaged compacted part that spoils it} (`Index.damaged_runs`): such runs
+        count as damaged (`fp4lab ls`), a rerun computes them again, their metrics are not
+        read, and every reader names the part (`Index.report_damaged`)."""
+        return self.index().damaged_runs()
 
     def statuses(self) -> dict[str, tuple[str, str]]:
-        """{run id: (status, code version)} of every run of the folder, from the index."""
-        return {row[0]: (row[3], row[8]) for row in self.index().rows()}
+        """{run id: (status, code version)} of every run of the folder, from the index; a run
+        a damaged part spoils has status "damaged" (`damaged`)."""
+        bad = self.damaged()
+        return {r[0]: ("damaged" if r[0] in bad else r[3], r[8]) for r in self.index().rows()}
 
     def read(self, rid: str, metrics: bool = True) -> dict[str, Any] | None:
         """The record of run `rid`, or None when it is absent or bad (bad: one warning). With
@@ -247,7 +260,7 @@ class Store:
             def table(r, _):
                 return compact.read_metrics(self.path, source, [rid])
 
-        if not (metrics and record and record.get("metrics")):
+        if not (metrics and record and record.get("metrics")) or rid in self.damaged():
             return record
         rows = table(record, self.runs_dir)
         if not rows.num_rows:  # dropped by a thinning compaction: `reproduce` regenerates them
@@ -257,7 +270,7 @@ class Store:
     def finished(self, rid: str) -> bool:
         """Whether `rid` has a valid record with status "ok" (failed runs are retried)."""
         rows = self.index().rows("run_id=?", (rid,))
-        return bool(rows) and rows[0][3] == "ok"
+        return bool(rows) and rows[0][3] == "ok" and rid not in self.damaged()
 
     def write(self, record: dict[str, Any]) -> Path:
         """Writes one run record: its series and telemetry to `<run_id>.parquet`, then the rest
@@ -373,16 +386,17 @@ class Store:
         return self._config_cache
 
     def made(self, frame: pd.DataFrame | None = None) -> dict[str, tuple[str, str, str]]:
-        """{run id: (the cell its record names, its config id, its status)} of every run, from
-        one query of the index or from the folder's `frame` when read: what
-        `fp4lab.sweep.cells.checked` and `fp4lab ls` read."""
+        """{run id: (the cell its record names, its config id, its status: "damaged" where a
+        damaged part spoils it)} of every run, from one query of the index or from the folder's
+        `frame` when read: what `fp4lab.sweep.cells.checked` and `fp4lab ls` read."""
         columns = ["run_id", "cell", "config_key", "status"]
         if frame is None:
             rows = self.index().rows(columns=", ".join(columns))
         else:
             rows = zip(*(frame[c].tolist() for c in columns), strict=True)
         ids = {key: cid for key, (_, _, cid) in self.configs().items()}
-        return {rid: (cell, ids[key], status) for rid, cell, key, status in rows}
+        bad = self.damaged()
+        return {r: (c, ids[k], "damaged" if r in bad else s) for r, c, k, s in rows}
 
     def current_ids(
         self, manifest: dict[str, Any] | None = None, frame: pd.DataFrame | None = None

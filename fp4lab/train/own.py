@@ -39,6 +39,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from fp4lab.train import user_code
+
 __all__ = [
     "CONTRACT",
     "OPTIONAL",
@@ -155,8 +157,10 @@ def _file_key(path: Path) -> str:
 
 def hashes(task_file: str) -> dict[str, str]:
     """{name: sha256} of what a user task's numbers depend on besides its config: the file's
-    source ("task_file") and each of its DATA_FILES ("data:<name>"), read without running
-    the file (DATA_FILES must be a literal); or the hash a "python:" name carries.
+    source ("task_file"), each of its DATA_FILES ("data:<name>") and the source of each of
+    the user's modules it imports ("module:<name>", `fp4lab.train.user_code.imported`), read
+    without running the file (DATA_FILES must be a literal); or the hash a "python:" name
+    carries.
 
     Raises:
       OSError: a file cannot be read.
@@ -168,6 +172,8 @@ def hashes(task_file: str) -> dict[str, str]:
     out = {"task_file": hashlib.sha256(source).hexdigest()}
     for name in _literal_data_files(source, task_file):
         out[f"data:{name}"] = hashlib.sha256((path.parent / name).read_bytes()).hexdigest()
+    for name, file in user_code.imported(source, path).items():  # the user's own modules
+        out[f"module:{name}"] = hashlib.sha256(file.read_bytes()).hexdigest()
     return out
 
 

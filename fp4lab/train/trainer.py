@@ -56,8 +56,8 @@ from flax import nnx
 from fp4lab.core import recipes
 from fp4lab.core.spec import QuantSpec
 from fp4lab.nnx import noise, telemetry
-from fp4lab.nnx.rules import Rule, check_rules, quantize_model
-from fp4lab.schema import SEED_LIMIT, STREAMS
+from fp4lab.nnx.rules import Rule, check_rules, quantize_model, unmatched_rules
+from fp4lab.schema import OPERAND_NAMES, SEED_LIMIT, STREAMS
 from fp4lab.train import divergence, loss_scaling
 from fp4lab.train.config import Config, ConfigError
 from fp4lab.train.tasks import Task, eval_batch, init_model, make_task, train_batch
@@ -136,7 +136,10 @@ def check_config_rules(task: Task, phases: list[tuple[int, int, list[Rule]]]) ->
     Each phase's rules (`phase_rules`) are matched against the task's model as
     `quantize_model` matches them (its shapes only, `nnx.eval_shape`, or the model itself where
     its constructor needs values; `fp4lab.nnx.rules.check_rules`); the phase's recipe for
-    everything else (its last rule) may match nothing."""
+    everything else (its last rule) may match nothing, unless no rule that quantizes reaches
+    any layer (a model without a layer `quantize_model` can reach, or rules that keep every
+    layer in high precision): its runs would hold high-precision numbers under a quantizing
+    recipe's label. A model function that returns no nnx.Module is a ConfigError too."""
 
     def build():
         return task.model(nnx.Rngs(params=jax.random.key(0)))
@@ -145,12 +148,30 @@ def check_config_rules(task: Task, phases: list[tuple[int, int, list[Rule]]]) ->
         model = nnx.eval_shape(build)
     except Exception:  # a constructor that reads values: build it (its own errors surface)
         model = build()
+    if not isinstance(model, nnx.Module):
+        raise ConfigError(
+            f"the task's model(config, rngs) returned a {type(model).__name__}; it must return "
+            "the model itself, an nnx.Module (e.g. nnx.Linear(8, 8, rngs=rngs))"
+        )
     for start, _, rules in phases:
         what = f"Config.phases (from step {start}) rules" if start else "Config.rules"
+        quantizing = [r for r in rules if _quantizes(r.recipe)]
+        # a recipe's label only for runs it quantizes: a model with no layer a quantizing
+        # rule reaches (an own model without nnx.Linear, Einsum, Conv ...) is refused too
+        unused = {id(r) for r in unmatched_rules(model, rules)}
+        nothing = bool(quantizing) and all(id(r) in unused for r in quantizing)
         try:
-            check_rules(model, rules, what=what)
+            check_rules(model, rules, what=what, last_may_be_unused=not nothing)
         except ValueError as e:
-            raise ConfigError(str(e)) from None
+            raise ConfigError(
+                f"{e}; nothing of the model would be quantized" if nothing else str(e)
+            ) from None
+
+
+def _quantizes(recipe) -> bool:
+    """Whether a rule's recipe quantizes (or casts) any GEMM operand."""
+    recipe = recipes.get(recipe)
+    return recipe is not None and any(getattr(recipe, f) is not None for f in OPERAND_NAMES)
 
 
 def log_steps(cfg: Config) -> np.ndarray:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 EXPERIMENT = """
 from fp4lab.train.config import Config
 
@@ -75,12 +77,14 @@ except KeyboardInterrupt as e:
 """
 
 
-def test_an_interrupt_lost_in_a_finalizer_is_delivered_again():
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupt_lost_in_a_finalizer_is_delivered_again(signum):
     proc = subprocess.Popen(
         [sys.executable, "-c", LOST], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     assert proc.stdout.readline() == b"collecting\n"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)  # SIGINT: a Ctrl-C (jax's _xla_gc_callback, during a compile)
     out, err = proc.communicate(timeout=60)
-    assert out.decode() == "stopped by signal 15\n", (out, err)
+    said = "signal 15" if signum == signal.SIGTERM else ""
+    assert out.decode() == f"stopped by {said}\n", (out, err)
     assert b"Exception ignored" not in err, err
