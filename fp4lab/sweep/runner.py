@@ -243,6 +243,7 @@ def _sweep(
         enabled=progress,
         labels=labels,
         steps=[cell.config.steps for cell, _, _ in work],
+        seeds=[list(seeds) for _, seeds, _ in work],
         compiles=[programs[shape] for shape in shapes],
         parallel=workers if executor == "local" else 1,
     )
