@@ -12,6 +12,7 @@ stay fast and a worker process loads only what it runs.
                           telemetry
     runs                  Config, make_keys, make_train, train, sweep, load
     your own model        own (own.train, own.sweep: your model, loss and data, seeds, store)
+    seed designs          design (design.crossed(): the quant stream crossed with the others)
     which GEMMs in BF16   diagnose (callable: fl.diagnose(model, loss, batch) or experiment=)
     analysis              analysis (plots and report are its submodules)
     models and tasks      models (plain Flax NNX models), data (synthetic tasks)
@@ -53,6 +54,7 @@ _API = {
     "train": ("fp4lab.train", None),
     "sweep": ("fp4lab.sweep", None),
     "own": ("fp4lab.sweep.own", None),
+    "design": ("fp4lab.sweep.design", None),
     "diagnose": ("fp4lab.diagnose", None),
     "load": ("fp4lab.sweep.store", "load"),
     "analysis": ("fp4lab.analysis", None),

@@ -266,6 +266,11 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
     ),
     "divergence_step": ("float", "the step of its first divergence (NaN: none)", _SUMMARY),
     "divergence_kind": ("str", '"", "nonfinite" or "spike"', _SUMMARY),
+    "learned": (
+        "bool",
+        'the training loss fell below its first value at some step (False: "did not learn")',
+        _SUMMARY,
+    ),
     "target_loss": ("float", "the tokens-to-target threshold (NaN: none)", _SUMMARY),
     "tokens_to_target": (
         "float",

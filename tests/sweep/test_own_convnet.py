@@ -1,0 +1,126 @@
+"""A user's own conv net on tiny synthetic images, run as a new user runs it: `fp4lab run` with
+the streams design gives stream rows with judged words, a layer the recipe cannot take is named
+with its fix, a layer without a seam is reported, and an ambiguous `batch` is refused."""
+
+import textwrap
+
+import pytest
+
+from fp4lab import cli
+from fp4lab.sweep import design, experiment
+
+CONVNET = """
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import fp4lab as fl
+
+CLASSES = 16
+
+
+class ConvNet(nnx.Module):
+    def __init__(self, channels, rngs):
+        self.c1 = nnx.Conv(channels, 16, (3, 3), rngs=rngs)
+        self.head = nnx.Linear(4 * 4 * 16, CLASSES, rngs=rngs)
+
+    def __call__(self, x):
+        h = jax.nn.relu(self.c1(x))
+        return self.head(h.reshape(h.shape[0], -1))
+
+
+def model(config, rngs):
+    return ConvNet(CHANNELS, rngs)
+
+
+def loss(model, batch):
+    x, y = batch
+    logits = model(x)
+    picked = jnp.take_along_axis(logits, y[:, None], -1)[:, 0]
+    return jnp.mean(jax.nn.logsumexp(logits, -1) - picked)
+
+
+def batch(key, step):
+    x = jax.random.normal(key, (8, 4, 4, CHANNELS))
+    return x, jnp.argmax(x.reshape(8, -1)[:, :CLASSES], -1)
+
+
+CHANNELS = 16
+
+
+def get_config():
+    return fl.Config(steps=4, lr=1e-2, warmup=0, eval_batches=1, seed_batch=9)
+
+
+def sweep(add):
+    add(recipe="nvfp4")
+"""
+
+
+def write(folder, text=CONVNET):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "convnet.py"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_crossed_design_crosses_the_quant_stream_with_init_and_data():
+    seeds = design.crossed()
+    assert len(seeds) == 9 and len(set(seeds)) == 9
+    assert {(i, d) for i, d, _ in seeds} == {(i, i) for i in range(3)}  # init and data together
+    assert {q for *_, q in seeds} == {0, 1, 2}
+    assert len(design.crossed(3, apart=("init", "data", "quant"))) == 27
+    assert design.named("streams", 4) == design.crossed(4)
+    with pytest.raises(ValueError, match=r"crossed: n=2; need an int >= 3"):
+        design.crossed(2)
+    with pytest.raises(ValueError, match=r"apart=\('seed',\); allowed"):
+        design.crossed(apart="seed")
+
+
+def test_the_streams_design_gives_judged_stream_rows(tmp_path, capsys):
+    path = write(tmp_path)
+    out = tmp_path / "res"
+    argv = ["run", str(path), "--out", str(out), "--design", "streams", "--quiet", "--no-figures"]
+    assert cli.main([*argv[:-2], "--dry-run", "--no-probe"]) == 0
+    listed = capsys.readouterr().out
+    assert "1 cells, 9 runs" in listed
+    assert "seeds by design streams: 9 runs a cell (3 quant seeds x 3 init=data seeds)" in listed
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    rows = text.split("which seed streams matter, per cell")[1].splitlines()[1:3]
+    assert rows[0].startswith("  init=data in recipe=nvfp4: ")
+    assert rows[1].startswith("  quant in recipe=nvfp4: ")
+    for row in rows:  # a word and its own SD, not a reason why there is none
+        word = row.split(": ")[1].split(" (own SD ")[0]
+        assert word in ("matters", "no evidence"), row
+    assert "init=data: confounded, the init, data seeds moved together" in rows[0]
+    assert "every stream crossed" in rows[0]
+    assert "confounded" not in rows[1]
+
+
+def test_experiment_seeds_by_design_are_checked(tmp_path):
+    path = write(tmp_path)
+    exp = experiment.load_experiment(path, seeds=design.crossed())
+    assert exp.n_runs == 9
+
+
+def test_dry_run_probes_one_run_and_estimates_the_sweep(tmp_path, capsys, monkeypatch):
+    from fp4lab.sweep import compute
+
+    def timed(config, seeds, progress=None):  # a compile of 10 s and a run of 2 s
+        return [{"summary": {"compile_s": 10.0}, "wall_s": 2.0} for _ in seeds]
+
+    monkeypatch.setattr(compute, "compute_cell", timed)
+    path = write(
+        tmp_path,
+        CONVNET.replace('add(recipe="nvfp4")', 'add(recipe="nvfp4")\n    add(recipe="bf16")'),
+    )
+    argv = ["run", str(path), "--out", str(tmp_path / "o"), "--design", "streams", "--dry-run"]
+    assert cli.main([*argv, "--workers", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "recipe=nvfp4  seeds(init/data/quant) 0/0/0 0/0/1 0/0/2 1/1/0" in text
+    line = next(x for x in text.splitlines() if x.startswith("probe: "))
+    assert line.startswith("probe: cell recipe=nvfp4, seeds 0/0/0: compile 10.0s, run ")
+    # 2 programs x 10 s + 18 runs x >= 2 s, over 2 workers
+    assert "estimate for 18 runs and 2 programs to compile on 2 worker(s): about " in line
+    assert float(line.split("about ")[1].split("s ")[0]) >= (2 * 10 + 18 * 2) / 2
