@@ -124,3 +124,16 @@ def test_dry_run_probes_one_run_and_estimates_the_sweep(tmp_path, capsys, monkey
     # 2 programs x 10 s + 18 runs x >= 2 s, over 2 workers
     assert "estimate for 18 runs and 2 programs to compile on 2 worker(s): about " in line
     assert float(line.split("about ")[1].split("s ")[0]) >= (2 * 10 + 18 * 2) / 2
+
+
+def test_a_batch_that_reads_two_ways_is_refused_naming_both(tmp_path):
+    text = CONVNET.replace("def batch(key, step):", "def batch(key, step, batch_size=8):")
+    with pytest.raises(experiment.ExperimentError) as err:
+        experiment.load_experiment(write(tmp_path, text))
+    assert str(err.value) == (
+        f"{tmp_path / 'convnet.py'}: batch(key, step, batch_size=8) reads two ways: as "
+        "batch(key, step) with batch_size at its default, or as batch(config, key, step) with "
+        "the config passed as 'key'; fp4lab would call it the second way. Make it one: "
+        "batch(key, step) (give batch_size no parameter slot, e.g. a keyword-only "
+        "`*, batch_size=8`) or batch(config, key, step)"
+    )
