@@ -115,6 +115,7 @@ RECORDED_BEFORE: dict[str, Any] = {
     "noise_keys": 0,
     "target_on": "train",
     "pad_seeds": True,
+    "pad": False,
 }
 
 

@@ -37,6 +37,7 @@ from flax import nnx
 from fp4lab.core import prng, recipes
 from fp4lab.core.stats import check_method, relative_drift
 from fp4lab.nnx.state import AmaxHistory, GradProbe, LayerIndex, OpStats, QuantKey
+from fp4lab.ops import scaffold
 from fp4lab.ops.conv import qconv_general_dilated
 from fp4lab.ops.dot_general import qdot_general
 from fp4lab.schema import BWD_OPERANDS, FWD_OPERANDS, STATS
@@ -95,6 +96,22 @@ def _history(choices, names: tuple[str, ...]) -> tuple[int, str]:
     if not delayed:
         return 0, "max"
     return max(s.amax_history for s in delayed), delayed[0].amax_algo
+
+
+def _named(call):
+    """An op module's __call__ whose errors name its layer and the fix (`scaffold.at_layer`),
+    also those of the backward, traced after the call."""
+
+    @functools.wraps(call)
+    def named(self, *args, **kwargs):
+        name = self.recipe.name or ""
+        try:
+            with scaffold.calling(self.path, name):
+                return call(self, *args, **kwargs)
+        except ValueError as e:
+            raise scaffold.at_layer({self.path: name}, e) from e
+
+    return named
 
 
 class QuantizedOp(nnx.Module):
@@ -313,6 +330,7 @@ class QuantizedDot(QuantizedOp):
     op = "dot_general"
     stackable = True
 
+    @_named
     def __call__(self, *args, **kwargs):
         return self.dot_general(*args, key=self.next_key(), **kwargs)
 
@@ -323,6 +341,7 @@ class QuantizedEinsum(QuantizedOp):
     op = "einsum"
     stackable = True
 
+    @_named
     def __call__(self, *args, **kwargs):
         return self.einsum(*args, key=self.next_key(), **kwargs)
 
@@ -333,6 +352,7 @@ class QuantizedConv(QuantizedOp):
     op = "conv"
     delayed_scaling = False
 
+    @_named
     def __call__(self, *args, **kwargs):
         key = self.next_key()
         if self.shadow:
@@ -365,6 +385,7 @@ class QuantizedAttention(QuantizedOp):
     def stat_layers(self) -> list[str]:
         return [f"{self.path}.scores", f"{self.path}.values"]
 
+    @_named
     def __call__(
         self,
         query,

@@ -106,7 +106,7 @@ def test_run_of_an_all_failed_sweep_gives_the_first_reason(all_failed, capsys):
     path, out = all_failed
     assert cli.main(["run", str(path), "--out", str(out)]) == 1  # figures on: no KeyError
     text = capsys.readouterr()
-    assert "failed: ValueError: Fprop GEMM, operand x" in text.err  # the progress line
+    assert "failed: ValueError: layer 'layers.0': Fprop GEMM, operand x" in text.err  # progress
     assert "Traceback" not in text.err + text.out
     line = next(x for x in text.out.splitlines() if "no run finished" in x)
     assert "2 failed of 2 runs; the first (cell base): ValueError: " in line
