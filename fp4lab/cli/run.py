@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -80,8 +79,7 @@ def _seconds(s: float) -> str:
 
 def run(args) -> int:
     from fp4lab import sweep
-    from fp4lab.stderr_filter import filter_stderr
-    from fp4lab.sweep import compute, experiment, failures, runner, store
+    from fp4lab.sweep import compute, experiment, failures, progress, runner, store
     from fp4lab.sweep.compute import use_compile_cache
 
     if not args.no_compile_cache:
@@ -125,7 +123,7 @@ def run(args) -> int:
             "max_retries": args.max_retries,
         }
     # XLA's slow-compile banners (on fd 2, from this process and the workers) as one line each
-    with contextlib.nullcontext() if args.xla_log else filter_stderr():
+    with progress.banners(raw=args.xla_log):
         counts = sweep.run_experiment(
             exp,
             out,
@@ -144,6 +142,9 @@ def run(args) -> int:
         f"{exp.name}: {counts['done']} runs done, {counts['skipped']} already finished, "
         f"{counts['failed']} failed -> {out}"
     )
+    if not args.quiet:  # the summary's verdict and the figures take a while on big sweeps
+        after = "the summary, the verdict" + ("" if args.no_figures else ", the figures")
+        print(f"{exp.name}: post-processing: {after} ...", file=sys.stderr, flush=True)
     results = store.load(out)
     print_summary(results, exp.name)
     analyze_failed = False

@@ -41,6 +41,7 @@ import numpy as np
 from fp4lab.sweep import runner
 from fp4lab.sweep import store as results_store
 from fp4lab.sweep.experiment import Cell, Experiment, ExperimentError, jsonable, seed_triples
+from fp4lab.sweep.progress import banners
 from fp4lab.train import own
 from fp4lab.train.config import Config, ConfigError, make
 
@@ -178,9 +179,12 @@ def sweep(
       seeds: an int n, a per-stream dict or a list of (init, data, quant) triples, as an
         experiment file's `seeds` (`fp4lab.sweep.experiment.seed_triples`).
       out: the results folder (one experiment's: `name`).
+      progress: show compiles, each seed's steps and an ETA on stderr, with XLA's slow-compile
+        banners as one line each, as `fp4lab run` does (`fp4lab.sweep.progress`).
     """
     experiment = _experiment(model, loss, batch, cells, config, seeds, name, task_options)
-    runner.run_experiment(experiment, out, progress=progress)
+    with banners(raw=not progress):  # as `fp4lab run` shows a sweep: steps of every seed too
+        runner.run_experiment(experiment, out, progress=progress, progress_every=None)
     return results_store.load(out)
 
 

@@ -12,13 +12,14 @@ it (the evaluation runs, the summaries, writing its records) is shown as a phase
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import threading
 import time
 from typing import Any
 
-__all__ = ["FINISHING", "Progress"]
+__all__ = ["FINISHING", "Progress", "banners"]
 
 # what a batch does after its last step: held-out evaluation (eval_loss, eval_hp), summaries,
 # its records written
@@ -241,6 +242,15 @@ class Progress:
         if self.live is not None:
             self.live.stop()
             self.live = None
+
+
+def banners(raw: bool = False):
+    """The context a sweep runs in: XLA's slow-compile banners as one line each
+    (`fp4lab.stderr_filter`), or, `raw`, as XLA writes them. `fp4lab run` and `fl.own.sweep`
+    both run in it."""
+    from fp4lab.stderr_filter import filter_stderr
+
+    return contextlib.nullcontext() if raw else filter_stderr()
 
 
 def _live_display(stream):

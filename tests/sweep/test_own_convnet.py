@@ -4,6 +4,7 @@ with its fix, a layer without a seam is reported, and an ambiguous `batch` is re
 
 import textwrap
 
+import jax
 import pytest
 
 from fp4lab import cli
@@ -137,3 +138,131 @@ def test_a_batch_that_reads_two_ways_is_refused_naming_both(tmp_path):
         "batch(key, step) (give batch_size no parameter slot, e.g. a keyword-only "
         "`*, batch_size=8`) or batch(config, key, step)"
     )
+
+
+def test_a_layer_the_recipe_cannot_block_is_named_with_its_fix(tmp_path, capsys):
+    path = write(tmp_path, CONVNET.replace("CHANNELS = 16", "CHANNELS = 3"))  # RGB images
+    argv = ["run", str(path), "--out", str(tmp_path / "o"), "--seeds", "1", "--dry-run"]
+    assert cli.main([*argv, "--no-probe"]) == 2
+    err = capsys.readouterr().err
+    assert "cell recipe=nvfp4 would fail: ValueError: layer 'c1': Fprop GEMM, operand x" in err
+    assert (
+        'the one-line fix: recipe=fl.recipes.get("nvfp4").replace(pad=True) (every operand '
+        "zero-padded to whole blocks), or `fp4lab run ... --set pad=true`; or keep the layer "
+        "in high precision with the rule ('c1', None)"
+    ) in err
+    assert cli.main([*argv, "--no-probe", "--set", "pad=true"]) == 0  # the fix, as printed
+
+
+def test_a_backward_shape_error_names_the_layer_too():
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import fp4lab as fl
+
+    x = fl.nvfp4()
+    dgrad_only = fl.GemmRecipe(dgrad_dy=x, dgrad_w=x, name="dgrad-fp4")
+    head = nnx.Linear(16, 3, rngs=nnx.Rngs(0))  # Dgrad contracts over its 3 outputs
+    fl.quantize_model(head, [fl.Rule(".*", dgrad_only)])
+    assert head(jnp.ones((4, 16))).shape == (4, 3)  # the forward is not quantized
+    with pytest.raises(ValueError, match=r"^layer '': Dgrad GEMM, operand dy") as err:
+        nnx.grad(lambda m: m(jnp.ones((4, 16))).sum())(head)
+    assert "the one-line fix: recipe=<your GemmRecipe 'dgrad-fp4'>.replace(pad=True)" in str(
+        err.value
+    )
+    padded = dgrad_only.replace(pad=True)
+    assert padded.name == "dgrad-fp4" and padded.dgrad_dy.pad and padded.fprop_x is None
+    fl.quantize_model(head, [fl.Rule(".*", padded)])
+    grads = nnx.grad(lambda m: m(jnp.ones((4, 16))).sum())(head)
+    assert jax.tree.leaves(grads)[0].shape in ((3,), (16, 3))
+
+
+UNSEAMED = CONVNET.replace(
+    """        h = jax.nn.relu(self.c1(x))""",
+    """        h = jax.nn.relu(self.c1(x + self.pos[...][None]))
+        h = h @ self.mix[...]  # a custom GEMM: no seam""",
+).replace(
+    """        self.head = nnx.Linear(4 * 4 * 16, CLASSES, rngs=rngs)""",
+    """        self.head = nnx.Linear(4 * 4 * 16, CLASSES, rngs=rngs)
+        self.pos = nnx.Param(jnp.zeros((4, 4, CHANNELS)))  # only added: not a GEMM
+        self.mix = nnx.Param(jnp.eye(16))""",
+)
+
+
+def test_a_layer_without_a_seam_is_listed_and_warned_about_once(tmp_path):
+    import warnings
+
+    from flax import nnx
+
+    import fp4lab as fl
+    from fp4lab.sweep import compute
+
+    exp = experiment.load_experiment(write(tmp_path, UNSEAMED), seeds=1)
+    cfg = exp.cells[0].config
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert compute.check_cell(cfg) is None
+    said = [str(w.message) for w in caught if "without a seam" in str(w.message)]
+    assert said == [
+        "1 module(s) multiply their own parameters without a seam fp4lab can quantize and stay "
+        "in high precision: '' (a custom jnp.dot or @); build them from nnx.Linear, Einsum or "
+        "Conv to quantize them (fl.describe lists them as 'not quantized (no seam)')"
+    ]
+    cfg = cfg.replace(recipe="fp32")  # nothing quantized: nothing to warn about
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compute.check_cell(cfg)
+    assert not [w for w in caught if "without a seam" in str(w.message)]
+    ns = fl.train.own.namespace(cfg.task_file)
+    model = ns.model(cfg, nnx.Rngs(0))
+    fl.quantize_model(model, [fl.Rule(".*", "nvfp4")], key=jax.random.key(0))
+    table = fl.describe(model).set_index("path")["recipe"].to_dict()
+    assert table == {"c1": "nvfp4", "head": "nvfp4", "": "not quantized (no seam)"}
+    added_only = UNSEAMED.replace("h = h @ self.mix[...]", "h = h + self.mix[0, 0]")
+    exp = experiment.load_experiment(write(tmp_path / "b", added_only), seeds=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compute.check_cell(exp.cells[0].config)
+    assert not [w for w in caught if "without a seam" in str(w.message)]
+
+
+def test_own_sweep_shows_each_seeds_steps_with_the_cli_banner_handling(tmp_path, monkeypatch):
+    import contextlib
+    import io
+    import re
+
+    from flax import nnx
+
+    import fp4lab as fl
+    import fp4lab.stderr_filter
+    from fp4lab.sweep import runner
+
+    entered = []
+
+    @contextlib.contextmanager
+    def filtered():
+        entered.append(True)
+        yield
+
+    monkeypatch.setattr(fp4lab.stderr_filter, "filter_stderr", filtered)
+    log, bar = io.StringIO(), runner.Progress
+    monkeypatch.setattr(
+        runner, "Progress", lambda *a, **k: bar(*a, **(k | {"stream": log, "interval": 0}))
+    )
+
+    def model(config, rngs):
+        return nnx.Linear(16, 16, rngs=rngs)
+
+    def loss(model, batch):
+        return jax.numpy.mean((model(batch) - batch) ** 2)
+
+    def batch(key, step):
+        return jax.random.normal(key, (8, 16))
+
+    cfg = fl.Config(steps=2, lr=1e-2, warmup=0, eval_batches=1, seed_batch=3)
+    fl.own.sweep(model, loss, batch, {"a": {"recipe": "bf16"}}, cfg, seeds=3, out=tmp_path / "o")
+    assert entered == [True]
+    text = log.getvalue()
+    shown = re.findall(r"a \(seeds 0-2\): seed (\d)/3, step (\d)/2", text)
+    assert shown == [(s, t) for s in "123" for t in "12"], text
