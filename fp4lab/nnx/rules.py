@@ -94,6 +94,7 @@ _SEAMS = {  # flax module -> (op name, the attribute holding the op)
 # flax modules whose parameters no GEMM reads (a lookup table, the norms' scales)
 _NO_GEMM = (nnx.Embed, nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm, nnx.GroupNorm)
 NO_SEAM = "not quantized (no seam)"  # `describe`'s recipe for a module `unseamed` lists
+_TRACED: dict = {}  # (call, shapes) -> `warn_unseamed`'s traced answer
 _OP_MODULES = {
     cls.op: cls for cls in (QuantizedDot, QuantizedEinsum, QuantizedConv, QuantizedAttention)
 }
@@ -147,7 +148,12 @@ def warn_unseamed(model: nnx.Module, rules, call, *args) -> list[str]:
     lists when `rules` quantize anything; returns them."""
     quantizing = any(r.recipe is not None and not recipes.get(r.recipe).is_identity for r in rules)
     missed = unseamed(model) if quantizing else []
-    missed = unseamed(model, call, *args) if missed else []
+    if missed:  # the loss traced once per process for each model, loss and input shapes
+        shapes = jax.tree.map(lambda v: (v.shape, str(v.dtype)), (nnx.state(model), args))
+        key = (call, repr(shapes))
+        if key not in _TRACED:
+            _TRACED[key] = unseamed(model, call, *args)
+        missed = _TRACED[key]
     if missed:
         warnings.warn(
             f"{len(missed)} module(s) multiply their own parameters without a seam fp4lab can "
