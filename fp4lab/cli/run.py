@@ -26,7 +26,10 @@ def load_experiment(args):
     if getattr(args, "design", None):
         from fp4lab.sweep import design
 
-        seeds = design.named(args.design, args.seeds)
+        try:
+            seeds = design.named(args.design, args.seeds)
+        except ValueError as e:
+            raise sweep.ExperimentError(f"--design {args.design} --seeds {args.seeds}: {e}") from e
     return sweep.load_experiment(
         args.experiment, seeds=seeds, steps=args.steps, overrides=overrides
     )

@@ -99,10 +99,16 @@ def test_the_streams_design_gives_judged_stream_rows(tmp_path, capsys):
     assert "confounded" not in rows[1]
 
 
-def test_experiment_seeds_by_design_are_checked(tmp_path):
+def test_experiment_seeds_by_design_are_checked(tmp_path, capsys):
+    import fp4lab as fl
+
     path = write(tmp_path)
+    assert fl.design.crossed is design.crossed
     exp = experiment.load_experiment(path, seeds=design.crossed())
     assert exp.n_runs == 9
+    argv = ["run", str(path), "--design", "streams", "--seeds", "2", "--dry-run"]
+    assert cli.main(argv) == 2
+    assert "--design streams --seeds 2: crossed: n=2; need an int >= 3" in capsys.readouterr().err
 
 
 def test_dry_run_probes_one_run_and_estimates_the_sweep(tmp_path, capsys, monkeypatch):
