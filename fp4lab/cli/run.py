@@ -60,8 +60,11 @@ def probe(exp, st, workers: int) -> str:
     work = runner.batches(runner.pending(exp, st))
     cell, seeds, _ = work[0]
     t0 = time.perf_counter()
-    compute.clear_cache(cell.config)
-    result = compute.compute_cell(cell.config.to_dict(), [seeds[0]])[0]
+    try:
+        result = compute.compute_cell(cell.config.to_dict(), [seeds[0]])[0]
+    except Exception as e:  # traced fine (check_cells) but failed computing: say so, no estimate
+        first = (str(e).splitlines() or [""])[0]
+        return f"probe: cell {cell.label} failed: {type(e).__name__}: {first}"
     compile_s = result["summary"]["compile_s"]
     run_s = max(time.perf_counter() - t0 - compile_s, result["wall_s"])
     programs = {(c.config, compute.call_width(c.config, len(s))) for c, s, _ in work}
