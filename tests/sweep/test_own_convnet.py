@@ -272,3 +272,25 @@ def test_own_sweep_shows_each_seeds_steps_with_the_cli_banner_handling(tmp_path,
     text = log.getvalue()
     shown = re.findall(r"a \(seeds 0-2\): seed (\d)/3, step (\d)/2", text)
     assert shown == [(s, t) for s in "123" for t in "12"], text
+
+
+def test_show_flags_a_cell_that_did_not_learn(tmp_path, capsys):
+    from fakes import fake_compute  # tests/fakes.py
+
+    from fp4lab import sweep
+
+    def stuck(config, seeds):  # every run's loss flat at its first value
+        return [
+            r | {"summary": r["summary"] | {"learned": False}} for r in fake_compute(config, seeds)
+        ]
+
+    path = write(tmp_path)
+    exp = sweep.load_experiment(path, seeds=3)
+    sweep.run_experiment(exp, tmp_path / "o", progress=False, compute=stuck)
+    assert cli.main(["show", str(tmp_path / "o")]) == 0
+    text = capsys.readouterr().out
+    assert (
+        "recipe=nvfp4: did not learn: 3 of 3 runs: the training loss never fell below its "
+        "first value"
+    ) in text
+    assert "init=data=quant in recipe=nvfp4: " in text and "confounded" in text
