@@ -90,10 +90,13 @@ def _walk(jaxpr, inputs: list[set[int]], reached: set[int]) -> None:
 def _subprograms(eqn):
     """(jaxpr, index of the eqn's first input its first input variable takes) of each program
     nested in an equation: jit, remat and custom-derivative calls take the inputs in order,
-    scan its consts, carry and slices in order, cond its operands after the branch index."""
+    scan its consts, carry and slices in order, cond its operands after the branch index, a
+    while loop's body its own consts and the carry after the condition's consts (the
+    condition itself is left out: it decides, it does not multiply)."""
+    offsets = {"branches": 1, "body_jaxpr": eqn.params.get("cond_nconsts", 0)}
     for key, value in eqn.params.items():
         values = value if isinstance(value, tuple | list) else (value,)
         for v in values:
             inner = getattr(v, "jaxpr", v)
-            if isinstance(inner, jax_core.Jaxpr):
-                yield inner, 1 if key == "branches" else 0
+            if isinstance(inner, jax_core.Jaxpr) and key != "cond_jaxpr":
+                yield inner, offsets.get(key, 0)
