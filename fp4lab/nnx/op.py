@@ -98,22 +98,6 @@ def _history(choices, names: tuple[str, ...]) -> tuple[int, str]:
     return max(s.amax_history for s in delayed), delayed[0].amax_algo
 
 
-def _named(call):
-    """An op module's __call__ whose errors name its layer and the fix (`scaffold.at_layer`),
-    also those of the backward, traced after the call."""
-
-    @functools.wraps(call)
-    def named(self, *args, **kwargs):
-        name = self.recipe.name or ""
-        try:
-            with scaffold.calling(self.path, name):
-                return call(self, *args, **kwargs)
-        except ValueError as e:
-            raise scaffold.at_layer({self.path: name}, e) from e
-
-    return named
-
-
 class QuantizedOp(nnx.Module):
     """The state and the quantized GEMM call shared by the op modules below."""
 
@@ -330,7 +314,7 @@ class QuantizedDot(QuantizedOp):
     op = "dot_general"
     stackable = True
 
-    @_named
+    @scaffold.named_layer
     def __call__(self, *args, **kwargs):
         return self.dot_general(*args, key=self.next_key(), **kwargs)
 
@@ -341,7 +325,7 @@ class QuantizedEinsum(QuantizedOp):
     op = "einsum"
     stackable = True
 
-    @_named
+    @scaffold.named_layer
     def __call__(self, *args, **kwargs):
         return self.einsum(*args, key=self.next_key(), **kwargs)
 
@@ -352,7 +336,7 @@ class QuantizedConv(QuantizedOp):
     op = "conv"
     delayed_scaling = False
 
-    @_named
+    @scaffold.named_layer
     def __call__(self, *args, **kwargs):
         key = self.next_key()
         if self.shadow:
@@ -385,7 +369,7 @@ class QuantizedAttention(QuantizedOp):
     def stat_layers(self) -> list[str]:
         return [f"{self.path}.scores", f"{self.path}.values"]
 
-    @_named
+    @scaffold.named_layer
     def __call__(
         self,
         query,

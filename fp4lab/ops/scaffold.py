@@ -26,7 +26,7 @@ import jax
 
 from fp4lab.core import fused, recipes
 
-__all__ = ["apply", "at_layer", "calling"]
+__all__ = ["apply", "at_layer", "calling", "named_layer"]
 
 _CALLER: list = [None]  # (layer path, recipe name) of the op module calling, while it calls
 _SEEN: dict = {}  # (gemm, lhs shape, rhs shape) -> {layer path: recipe name} that ran it
@@ -41,6 +41,23 @@ def calling(path: str, recipe: str):
         yield
     finally:
         _CALLER[0] = previous
+
+
+def named_layer(call):
+    """An op module's __call__ (an object with `path` and `recipe`, `fp4lab.nnx.op`) whose
+    errors name its layer and the fix (`at_layer`), also those of the backward, traced after
+    the call."""
+
+    @functools.wraps(call)
+    def named(op, *args, **kwargs):
+        name = op.recipe.name or ""
+        try:
+            with calling(op.path, name):
+                return call(op, *args, **kwargs)
+        except ValueError as e:
+            raise at_layer({op.path: name}, e) from e
+
+    return named
 
 
 def at_layer(layers: dict[str, str], error: ValueError) -> ValueError:
