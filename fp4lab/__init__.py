@@ -13,6 +13,7 @@ worker process loads only what it runs.
                           telemetry
     runs                  Config, make_keys, make_train, sweep, load
     your own model        own (own.train, own.sweep: your model, loss and data, seeds, store)
+    seed designs          design (design.crossed(): the quant stream crossed with the others)
     which GEMMs in BF16   diagnose(model, loss, batch) or diagnose(experiment=...)
     analysis              analysis (plots and report are its submodules)
     models and tasks      models (plain Flax NNX models), data (synthetic tasks)

@@ -115,6 +115,7 @@ RECORDED_BEFORE: dict[str, Any] = {
     "noise_keys": 0,
     "target_on": "train",
     "pad_seeds": True,
+    "pad": False,
 }
 
 
@@ -266,6 +267,11 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
     ),
     "divergence_step": ("float", "the step of its first divergence (NaN: none)", _SUMMARY),
     "divergence_kind": ("str", '"", "nonfinite" or "spike"', _SUMMARY),
+    "learned": (
+        "bool",
+        'the training loss fell below its first value at some step (False: "did not learn")',
+        _SUMMARY,
+    ),
     "target_loss": ("float", "the tokens-to-target threshold (NaN: none)", _SUMMARY),
     "tokens_to_target": (
         "float",

@@ -334,7 +334,7 @@ def test_set_changes_every_cell_and_its_run_ids(tmp_path):
 
 def test_dry_run_shows_the_overrides(tmp_path, capsys):
     path = experiment(tmp_path)
-    argv = ["run", str(path), "--out", str(tmp_path / "o"), "--dry-run"]
+    argv = ["run", str(path), "--out", str(tmp_path / "o"), "--dry-run", "--no-probe"]
     assert cli.main([*argv, "--set", "lr=1e-3", "--set", "hidden=8,8", "--steps", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"exp: 2 cells, 4 runs -> {tmp_path / 'o'}"

@@ -9,6 +9,8 @@ association within_correlation: does one per-run quantity predict another, withi
             seeds resampled
 components  variance components of the seed streams per cell (variance_components)
 verdicts    the verdict table: precision choices against each seed stream's own spread
+explain     why a verdict row is not judged: confounded streams, missing seed combinations,
+            cells that did not learn
 tables      per-cell tables: divergence rate, loss gap, paired differences, tokens to target
             (retarget: tokens to target read again from another stored series)
 factors     shares of variance of a main-effects model of the design factors

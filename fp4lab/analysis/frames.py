@@ -49,6 +49,7 @@ SUMMARIES = (
     "diverged",
     "divergence_step",
     "divergence_kind",
+    "learned",
     "tokens_to_target",
     "target_loss",
     "tokens_per_step",

@@ -37,15 +37,16 @@ studies converged to well under a percent of its interval's width.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from fp4lab.analysis import components, crossed, tables
+from fp4lab.analysis import components, crossed, explain, tables
 from fp4lab.analysis.columns import require
 from fp4lab.schema import STREAMS
 
-__all__ = ["verdict", "design_factor", "in_words"]
+__all__ = ["verdict", "design_factor", "in_words", "words", "stream_words", "Words"]
 
 NAN = float("nan")
 # Precision choices a pair of cells can differ in: the runs table's column, the factor's name.
@@ -101,7 +102,12 @@ def verdict(
     stream's seeds (bf16 under quant seeds).
     Never judged: "not varied" (one level), "too few seeds" (fewer than 3 levels of a stream
     involved: no interval, never a share), "unbalanced" (a stream's interval needs every seed
-    combination once), "no shared seeds" (a contrast with nothing to pair on).
+    combination once; the evidence names the combinations missing or run twice), "no shared
+    seeds" (a contrast with nothing to pair on). A factor named "init=data=quant" (or any
+    "a=b") is streams whose seeds moved together in every run: confounded, which of them acts
+    cannot be said; its evidence says so and names the design that separates them
+    (`fp4lab.sweep.design.crossed`). A contrast with a cell whose runs did not learn (their
+    training loss never fell below its first value, `learned` False) says so first.
     For "no evidence" the evidence says how large an effect the seeds could have missed: the
     largest |end| of the interval.
 
@@ -125,8 +131,9 @@ def verdict(
     if baseline is not None and baseline not in cells:
         raise ValueError(f"verdict: baseline={baseline!r} is no {by}; have {list(cells)}")
     fixed, layouts, seed_var = [], {}, {}
+    kept = {}
     for cell, rows in cells.items():
-        y, lay, _ = components.cell_draws(rows, outcome, streams)
+        y, lay, kept[cell] = components.cell_draws(rows, outcome, streams)
         layouts[cell] = y, lay
         seed_var[cell] = float(np.var(y, ddof=1)) if len(y) > 1 else NAN
         if lay.balanced:
@@ -148,35 +155,61 @@ def verdict(
     )
     m += sum(len(lay.factors) for _, lay in layouts.values() if _judged(lay))
     row_level = 1 - (1 - level) / max(m, 1)
+    stuck = {cell: explain.not_learned(rows) for cell, rows in cells.items()}
     rows = [_fixed_row(r, seed_var, row_level, draws, seed) for r in fixed]
+    for pair, r in zip(fixed, rows, strict=True):
+        if note := "; ".join(
+            f"{c} did not learn ({stuck[c]})" for c in (pair["b"], pair["a"]) if stuck[c]
+        ):
+            r["evidence"] = f"{note}; {r['evidence']}"
     for i, (cell, (y, lay)) in enumerate(layouts.items()):  # one cell's draws in memory at once
         gci = crossed.gci_draws(y, lay, draws=draws, seed=seed + i) if _judged(lay) else None
-        rows += [_random_row(r, row_level) for r in _stream_rows(cell, y, lay, gci, streams)]
+        pending = _stream_rows(cell, y, lay, gci, streams, kept[cell])
+        rows += [_explained(_random_row(r, row_level)) for r in pending]
     out = pd.DataFrame(rows, columns=COLUMNS)
     out.attrs = dict(outcome=outcome, level=level, comparisons=m, row_level=row_level)
     out.attrs |= dict(correction="Bonferroni", interval="generalized (crossed random seeds)")
     return out
 
 
+class Words(NamedTuple):
+    """The verdict in sentences (`words`)."""
+
+    header: str  # the baseline, the outcome and the family ("" with one cell)
+    cells: list[str]  # one per other cell: how it differs from the baseline
+    streams: list[str]  # one per cell and stream: its own spread, or why it is not judged
+    stuck: list[str]  # one per cell some of whose runs did not learn
+
+
 def in_words(
     runs: pd.DataFrame, outcome: str = "loss_gap", *, by: str = "cell", **kw
 ) -> tuple[str, list[str]]:
-    """Which cells differ from the baseline, one sentence each: the verdict's fixed rows.
+    """Which cells differ from the baseline, one sentence each: the verdict's fixed rows
+    (`words`' header and cells)."""
+    said = words(runs, outcome, by=by, **kw)
+    return said.header, said.cells
+
+
+def words(runs: pd.DataFrame, outcome: str = "loss_gap", *, by: str = "cell", **kw) -> Words:
+    """The verdict in sentences: which cells differ from the baseline, which streams matter in
+    each cell, which cells did not learn.
 
     The baseline is a cell of the first `tables.BASELINE_RECIPES` recipe present (one without
     GEMM overrides, backward mode, rules or phases, if there is one), else the first cell.
+    A stream row reads "quant in recipe=nvfp4: no evidence (own SD 0.002 [0, 0.011], re-draw SD
+    0.004)"; a row not judged gives its reason and what would judge it (the combinations
+    missing, the design that separates confounded streams).
 
     Args:
       runs: the runs table. outcome, by: as in `verdict`. kw: more arguments of `verdict`.
     Returns:
-      (a header naming the baseline, the outcome and the family, one line per other cell),
-      e.g. "recipe=nvfp4: higher than recipe=bf16 by +0.045 [+0.041, +0.048], 6.2 seed SDs".
+      Words: header, cells (e.g. "recipe=nvfp4: higher than recipe=bf16 by +0.045 [+0.041,
+      +0.048], 6.2 seed SDs"), streams, stuck ("recipe=nvfp4: did not learn: 3 of 3 runs:
+      the training loss never fell below its first value").
     """
-    require(runs, (by, "status", outcome), "in_words")
+    require(runs, (by, "status", outcome), "words")
     names = list(dict.fromkeys(runs[by]))
-    if len(names) < 2:
-        return "", []
-    base = names[0]
+    base = names[0] if names else None
     recipes = set(runs["recipe"].dropna()) if "recipe" in runs.columns else set()
     found = next((r for r in tables.BASELINE_RECIPES if r in recipes), None)
     if found is not None:
@@ -186,13 +219,19 @@ def in_words(
             if column in candidates.columns:
                 plain &= candidates[column].astype(str).isin(("", "{}", "()", "[]", "None", "nan"))
         base = (candidates[plain] if plain.any() else candidates)[by].iloc[0]
-    table = verdict(runs, outcome, by=by, baseline=base, **kw)
+    stuck = {c: explain.not_learned(g) for c, g in runs.groupby(by, sort=False)}
+    stuck_lines = [f"{c}: did not learn: {why}" for c, why in stuck.items() if why]
+    if not names:
+        return Words("", [], [], [])
+    table = verdict(runs, outcome, by=by, baseline=base if len(names) > 1 else None, **kw)
     fixed = table[table["kind"] == "fixed"]
     a = table.attrs
-    header = (
-        f"against {base} ({outcome}; intervals over seeds as random effects, Bonferroni over "
-        f"{a['comparisons']} rows, {a['level']:.0%} together):"
-    )
+    header = ""
+    if len(names) > 1:
+        header = (
+            f"against {base} ({outcome}; intervals over seeds as random effects, Bonferroni "
+            f"over {a['comparisons']} rows, {a['level']:.0%} together):"
+        )
     lines = []
     for row in fixed.itertuples():
         cell = row.term.split(" - ")[0]
@@ -203,8 +242,27 @@ def in_words(
             text = f"no evidence of a difference: {ci}"
         else:
             text = f"{row.verdict}: {row.evidence}"
-        lines.append(f"{cell}: {text}")
-    return header, lines
+        flags = ["did not learn"] if stuck.get(cell) else []
+        flags += [f"{base} did not learn"] if stuck.get(base) else []
+        lines.append(f"{cell}: {'; '.join([*flags, text])}")
+    return Words(header, lines, stream_words(table), stuck_lines)
+
+
+def stream_words(table: pd.DataFrame) -> list[str]:
+    """One sentence per random row of a verdict table: the stream's word with its own SD and
+    re-draw SD, or the reason it is not judged; a confounded factor says so."""
+    out = []
+    for row in table[table["kind"] == "random"].itertuples():
+        head = f"{row.factor} in {row.term}: {row.verdict}"
+        if row.verdict in ("matters", "no evidence", "undecided") and np.isfinite(row.lo):
+            text = f"{head} (own SD {_ci(row.effect, row.lo, row.hi)}, re-draw SD "
+            text += f"{row.redraw_sd:.3g})"
+            if why := explain.confounded(row.factor):
+                text += f"; {why}"
+        else:
+            text = f"{head}: {row.evidence}"
+        out.append(text)
+    return out
 
 
 def design_factor(a: pd.DataFrame, b: pd.DataFrame) -> str:
@@ -223,7 +281,13 @@ def _judged(lay: crossed.Layout) -> bool:
     return lay.balanced and min(lay.levels, default=1) >= crossed.MIN_LEVELS
 
 
-def _stream_rows(cell, y, lay, gci, streams) -> list[dict]:
+def _explained(row: dict) -> dict:
+    if why := explain.confounded(row["factor"]):
+        row["evidence"] = f"{row['evidence']}; {why}" if row["evidence"] else why
+    return row
+
+
+def _stream_rows(cell, y, lay, gci, streams, kept=None) -> list[dict]:
     """One pending row per stream of a cell (the layout and draws it is judged on, or why not)."""
     rows, named = [], {}
     for i, name in enumerate(lay.factors):
@@ -245,7 +309,10 @@ def _stream_rows(cell, y, lay, gci, streams) -> list[dict]:
             why = f"{fewest} level(s) of some stream in this cell; need {crossed.MIN_LEVELS}"
             rows.append(base | dict(reason="too few seeds", why=why))
         elif gci is None:
-            rows.append(base | dict(reason="unbalanced", why="not every seed combination ran"))
+            why = "not every seed combination ran"
+            if kept is not None:
+                why = explain.missing_combinations(kept, lay, list(streams))
+            rows.append(base | dict(reason="unbalanced", why=why))
         else:
             rows.append(base | dict(draws=gci, y=y, lay=lay, index=i))
     return rows

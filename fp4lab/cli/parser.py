@@ -26,6 +26,7 @@ def demo(_args) -> int:
 EXAMPLES = """examples:
   fp4lab run experiments/quickstart.py --workers 2       run a sweep (resumes where it stopped)
   fp4lab run experiments/quickstart.py --dry-run         its cells and seeds, what is finished
+  fp4lab run experiments/own_model.py --design streams   quant seeds crossed with init=data
   fp4lab run experiments/quickstart.py --set lr=1e-3 --set d_model=128
                                                          the same sweep with other config values
   fp4lab run experiments/quickstart.py --telemetry 25    with per-layer error and drift telemetry
@@ -88,7 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", metavar="DIR", help="results folder (default: results/<experiment name>)"
     )
     run_parser.add_argument(
-        "--seeds", type=number(int, 1), metavar="N", help="run seeds 0..N-1 in every cell"
+        "--seeds",
+        type=number(int, 1),
+        metavar="N",
+        help="run seeds 0..N-1 in every cell (with --design: N levels a stream)",
+    )
+    run_parser.add_argument(
+        "--design",
+        choices=("streams",),
+        help="the seeds of every cell by design: streams = the quant stream crossed with "
+        "init=data, 3 levels each (9 runs a cell), so that the verdict judges the quant "
+        "stream's own spread (fl.design.crossed())",
     )
     run_parser.add_argument(
         "--steps",
@@ -113,7 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--set telemetry_every=K --set shadow=True",
     )
     run_parser.add_argument(
-        "--dry-run", action="store_true", help="list the cells, trace each, stop"
+        "--dry-run",
+        action="store_true",
+        help="list the cells, trace each, time one run of the first unfinished cell (the "
+        "probe) and estimate the sweep's time, stop",
+    )
+    run_parser.add_argument(
+        "--no-probe", action="store_true", help="with --dry-run: no probe run, no estimate"
     )
     run_parser.add_argument(
         "--executor",

@@ -22,8 +22,16 @@ def load_experiment(args):
         raise sweep.ExperimentError(
             f"--steps {args.steps} and --set steps={overrides['steps']!r}: give the steps once"
         )
+    seeds = args.seeds
+    if getattr(args, "design", None):
+        from fp4lab.sweep import design
+
+        try:
+            seeds = design.named(args.design, args.seeds)
+        except ValueError as e:
+            raise sweep.ExperimentError(f"--design {args.design} --seeds {args.seeds}: {e}") from e
     return sweep.load_experiment(
-        args.experiment, seeds=args.seeds, steps=args.steps, overrides=overrides
+        args.experiment, seeds=seeds, steps=args.steps, overrides=overrides
     )
 
 
@@ -31,6 +39,48 @@ def compile_cache_folder() -> Path:
     """Where `fp4lab run` keeps compiled programs: $XDG_CACHE_HOME/fp4lab/jax, by default
     ~/.cache/fp4lab/jax."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fp4lab" / "jax"
+
+
+def design_text(name: str, n: int | None) -> str:
+    from fp4lab.sweep import design
+
+    seeds = design.named(name, n)
+    levels = len({s[-1] for s in seeds})
+    return f"{len(seeds)} runs a cell ({levels} quant seeds x {levels} init=data seeds)"
+
+
+def probe(exp, st, workers: int) -> str:
+    """Times one run (its first unfinished seed) of the first unfinished cell, compile
+    included, and estimates the sweep from it: a compile per program still to run (config and
+    call width) and every unfinished run as long as the probe's, over `workers` processes."""
+    import time
+
+    from fp4lab.sweep import compute, runner
+
+    work = runner.batches(runner.pending(exp, st))
+    cell, seeds, _ = work[0]
+    t0 = time.perf_counter()
+    try:
+        result = compute.compute_cell(cell.config.to_dict(), [seeds[0]])[0]
+    except Exception as e:  # traced fine (check_cells) but failed computing: say so, no estimate
+        first = (str(e).splitlines() or [""])[0]
+        return f"probe: cell {cell.label} failed: {type(e).__name__}: {first}"
+    compile_s = result["summary"]["compile_s"]
+    run_s = max(time.perf_counter() - t0 - compile_s, result["wall_s"])
+    programs = {(c.config, compute.call_width(c.config, len(s))) for c, s, _ in work}
+    runs = sum(len(s) for _, s, _ in work)
+    total = (len(programs) * compile_s + runs * run_s) / workers
+    return (
+        f"probe: cell {cell.label}, seeds {'/'.join(map(str, seeds[0]))}: compile "
+        f"{_seconds(compile_s)}, run {_seconds(run_s)}; estimate for {runs} runs and "
+        f"{len(programs)} programs to compile on {workers} worker(s): about {_seconds(total)} "
+        "(every cell timed as this one)"
+    )
+
+
+def _seconds(s: float) -> str:
+    s = round(s, 1)
+    return f"{int(s // 60)}m{s % 60:04.1f}s" if s >= 60 else f"{s}s"
 
 
 def run(args) -> int:
@@ -59,6 +109,8 @@ def run(args) -> int:
         st = store.Store(out)
         runner.check_owner(exp, st, args.force)
         print(f"{exp.name}: {len(exp.cells)} cells, {exp.n_runs} runs -> {out}")
+        if getattr(args, "design", None):
+            print(f"  seeds by design {args.design}: {design_text(args.design, args.seeds)}")
         if exp.overrides:
             values = (f"{k}={getattr(exp.base, k)!r}" for k in exp.overrides)
             print("  for every cell: " + ", ".join(values))
@@ -69,8 +121,10 @@ def run(args) -> int:
                 f"  {cell.label}  seeds(init/data/quant) {seeds}  [{done}/{len(cell.seeds)} done]"
             )
         # each unfinished cell's run traced for shapes: does it fail at its start?
-        unfinished = (c for c in exp.cells if not all(map(st.finished, c.run_ids())))
+        unfinished = [c for c in exp.cells if not all(map(st.finished, c.run_ids()))]
         experiment.check_cells(unfinished, compute.check_cell)
+        if unfinished and not args.no_probe:
+            print(probe(exp, st, args.workers))
         return 0
     options = {}
     if args.executor == "ray":
@@ -98,6 +152,9 @@ def run(args) -> int:
         f"{exp.name}: {counts['done']} runs done, {counts['skipped']} already finished, "
         f"{counts['failed']} failed -> {out}"
     )
+    if not args.quiet:  # the summary's verdict and the figures take a while on big sweeps
+        after = "the summary, the verdict" + ("" if args.no_figures else ", the figures")
+        print(f"{exp.name}: post-processing: {after} ...", file=sys.stderr, flush=True)
     results = store.load(out)
     print_summary(results, exp.name)
     analyze_failed = False
@@ -152,9 +209,14 @@ def print_summary(results, name: str) -> None:
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(f"\n{name}: per cell, intervals over seeds (95 %)")
         print(report.cell_table(results.runs).to_string(index=False))
-    header, lines = verdicts.in_words(results.runs, report.summary_outcome(results.runs))
-    if lines:
-        print(f"\nwhich cells differ, {header}")
-        print("\n".join(f"  {line}" for line in lines))
+    said = verdicts.words(results.runs, report.summary_outcome(results.runs))
+    if said.stuck:
+        print("\n" + "\n".join(said.stuck))
+    if said.cells:
+        print(f"\nwhich cells differ, {said.header}")
+        print("\n".join(f"  {line}" for line in said.cells))
+    if said.streams:
+        print("\nwhich seed streams matter, per cell (their own spread; README: Reading a verdict)")
+        print("\n".join(f"  {line}" for line in said.streams))
     if failed := failures.first(results):
         print(failed)

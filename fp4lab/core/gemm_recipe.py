@@ -79,7 +79,19 @@ class GemmRecipe:
         return all(s is None for s in self.used_specs().values())
 
     def replace(self, **changes) -> GemmRecipe:
-        """A copy with some fields changed, e.g. recipe.replace(wgrad_x=None, wgrad_dy=None)."""
+        """A copy with some fields changed, e.g. recipe.replace(wgrad_x=None, wgrad_dy=None).
+
+        `pad` (True or False) is set on every operand spec (`QuantSpec.pad`: zero-pad an axis
+        the tile or rotation does not divide to whole blocks, instead of raising), e.g.
+        `fl.recipes.get("nvfp4").replace(pad=True)` for a layer of 3 input channels."""
+        if "pad" in changes:
+            pad = changes.pop("pad")
+            if not isinstance(pad, bool):
+                raise ValueError(f"GemmRecipe.replace: pad={pad!r}; allowed: True or False")
+            for field in schema.OPERAND_NAMES:
+                spec = changes.get(field, getattr(self, field))
+                if isinstance(spec, QuantSpec):
+                    changes[field] = spec.replace(pad=pad)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

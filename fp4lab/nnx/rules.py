@@ -27,6 +27,7 @@ import jax
 from flax import nnx
 
 from fp4lab.core import recipes
+from fp4lab.nnx import gemm_trace
 from fp4lab.nnx.op import (
     QuantizedAttention,
     QuantizedConv,
@@ -44,6 +45,9 @@ __all__ = [
     "describe",
     "backend_report",
     "unquantize",
+    "unseamed",
+    "warn_unseamed",
+    "NO_SEAM",
     "OPS",
 ]
 
@@ -87,6 +91,10 @@ _SEAMS = {  # flax module -> (op name, the attribute holding the op)
     nnx.Conv: ("conv", "conv_general_dilated"),
     nnx.MultiHeadAttention: ("attention", "attention_fn"),
 }
+# flax modules whose parameters no GEMM reads (a lookup table, the norms' scales)
+_NO_GEMM = (nnx.Embed, nnx.LayerNorm, nnx.RMSNorm, nnx.BatchNorm, nnx.GroupNorm)
+NO_SEAM = "not quantized (no seam)"  # `describe`'s recipe for a module `unseamed` lists
+_TRACED: dict = {}  # (call, shapes) -> `warn_unseamed`'s traced answer
 _OP_MODULES = {
     cls.op: cls for cls in (QuantizedDot, QuantizedEinsum, QuantizedConv, QuantizedAttention)
 }
@@ -108,6 +116,53 @@ def _seams(model):
         seam = _seam(module)
         if seam is not None:
             yield path, module, *seam
+
+
+def unseamed(model: nnx.Module, call=None, *args) -> list[str]:
+    """Dotted paths of the modules that hold a parameter of 2 or more dimensions of their own
+    (not in a submodule) but no seam `quantize_model` can take: a layer that multiplies with
+    `jnp.dot` or `x @ w` on its own Param runs in high precision whatever the rules say.
+    Flax's Embed and norm layers are left out (no GEMM reads their parameters; a tied
+    `Embed.attend` head is such a GEMM and is not seen).
+
+    With `call` (e.g. a loss(model, batch), given its other inputs `args`: arrays or shapes),
+    only the modules one of whose parameters a GEMM of `call(model, *args)` reads
+    (`fp4lab.nnx.gemm_trace.gemm_params`): a table that is only added, such as a position
+    embedding, is then left out."""
+    out = {}
+    for path, module in nnx.iter_modules(model):
+        if _seam(module) is not None or isinstance(module, (*_NO_GEMM, QuantizedOp)):
+            continue
+        own = [k for k, v in vars(module).items() if isinstance(v, nnx.Param)]
+        own = [k for k in own if getattr(getattr(module, k).get_value(), "ndim", 0) >= 2]
+        if own:
+            out[_dotted(path)] = [_dotted((*path, k)) for k in own]
+    if call is not None and out:
+        read = gemm_trace.gemm_params(model, call, *args)
+        out = {m: ps for m, ps in out.items() if read.intersection(ps)}
+    return list(out)
+
+
+def warn_unseamed(model: nnx.Module, rules, call, *args) -> list[str]:
+    """Warns (once per process and message) about the modules `unseamed(model, call, *args)`
+    lists when `rules` quantize anything; returns them."""
+    quantizing = any(r.recipe is not None and not recipes.get(r.recipe).is_identity for r in rules)
+    missed = unseamed(model) if quantizing else []
+    if missed:  # the loss traced once per process for each model, loss and input shapes
+        shapes = jax.tree.map(lambda v: (v.shape, str(v.dtype)), (nnx.state(model), args))
+        key = (call, repr(shapes))
+        if key not in _TRACED:
+            _TRACED[key] = unseamed(model, call, *args)
+        missed = _TRACED[key]
+    if missed:
+        warnings.warn(
+            f"{len(missed)} module(s) multiply their own parameters without a seam fp4lab can "
+            f"quantize and stay in high precision: {', '.join(repr(m) for m in missed)} (a "
+            "custom jnp.dot or @); build them from nnx.Linear, Einsum or Conv to quantize them "
+            f"(fl.describe lists them as {NO_SEAM!r})",
+            stacklevel=2,
+        )
+    return missed
 
 
 def _dotted(path) -> str:
@@ -136,7 +191,9 @@ def quantize_model(
         it costs nothing. True computes them by the default method ("fused"); a method's name
         ("fused", "reference": `fp4lab.core.stats.METHODS`) picks one.
     Returns:
-      The same model. A rule that matches nothing triggers a warning.
+      The same model. A rule that matches nothing triggers a warning. Modules whose own 2D+
+      parameters no seam covers (`unseamed`: a custom `jnp.dot`) stay in high precision:
+      `describe` lists them, and a training run warns once (`warn_unseamed`).
     """
     rules = _as_rules(rules)
     targets, used = _plan(model, rules)
@@ -260,7 +317,8 @@ def _layer_paths(path, stack_path, length: int) -> list[str]:
 
 
 def describe(model: nnx.Module):
-    """One row per quantizable seam: module path, op, recipe name ("-" = high precision).
+    """One row per quantizable seam: module path, op, recipe name ("-" = high precision), and
+    one per module that `unseamed` lists (op "-", recipe "not quantized (no seam)").
 
     An op standing for stacked layers gives one row per layer ("blocks.3.attn.query").
     Returns a pandas DataFrame (pandas is imported here, so that training processes that never
@@ -284,6 +342,7 @@ def describe(model: nnx.Module):
         if isinstance(current, QuantizedOp):
             name = current.recipe.name or "custom"
         rows.append({"path": _dotted(path), "op": op, "recipe": name})
+    rows += [{"path": p, "op": "-", "recipe": NO_SEAM} for p in unseamed(model)]
     return pd.DataFrame(rows, columns=["path", "op", "recipe"])
 
 

@@ -10,17 +10,74 @@ ops is slow); the primal and the forward rule share that one trace. The gradient
 telemetry the op takes a zero `probe` input, and the probe's cotangent is the backward
 statistics, so they leave the VJP like any gradient and model code does not change
 (docs/architecture.md §5).
+
+Errors name the layer: an op module (`fp4lab.nnx.op`) calls under `calling(path, recipe)`, and a
+shape error of its forward, or of a backward traced later (outside the call), is raised again
+by `at_layer` with the layer's path and the one-line fix (`recipe.replace(pad=True)`, or
+`fp4lab run --set pad=true`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
 
-from fp4lab.core import fused
+from fp4lab.core import fused, recipes
 
-__all__ = ["apply"]
+__all__ = ["apply", "at_layer", "calling", "named_layer"]
+
+_CALLER: list = [None]  # (layer path, recipe name) of the op module calling, while it calls
+_SEEN: dict = {}  # (gemm, lhs shape, rhs shape) -> {layer path: recipe name} that ran it
+
+
+@contextlib.contextmanager
+def calling(path: str, recipe: str):
+    """While an op module at `path` runs under the recipe named `recipe`: its GEMMs' backward
+    errors name it (`at_layer`)."""
+    previous, _CALLER[0] = _CALLER[0], (path, recipe)
+    try:
+        yield
+    finally:
+        _CALLER[0] = previous
+
+
+def named_layer(call):
+    """An op module's __call__ (an object with `path` and `recipe`, `fp4lab.nnx.op`) whose
+    errors name its layer and the fix (`at_layer`), also those of the backward, traced after
+    the call."""
+
+    @functools.wraps(call)
+    def named(op, *args, **kwargs):
+        name = op.recipe.name or ""
+        try:
+            with calling(op.path, name):
+                return call(op, *args, **kwargs)
+        except ValueError as e:
+            raise at_layer({op.path: name}, e) from e
+
+    return named
+
+
+def at_layer(layers: dict[str, str], error: ValueError) -> ValueError:
+    """`error` again, naming the layers ({path: recipe name}) it arose in and, for a shape the
+    blocks do not divide, the one-line fix; unchanged when it names a layer already."""
+    text = str(error)
+    if not layers or text.startswith("layer "):
+        return error
+    paths = " or ".join(repr(p) for p in layers)
+    out = f"layer {paths}: {text}"
+    if "pad=True" in text:
+        name = next(iter(layers.values()))
+        value = f'fl.recipes.get("{name}")' if name in recipes.names() else None
+        value = value or f"<your GemmRecipe {name!r}>" if name else "<your GemmRecipe>"
+        out += (
+            f"; the one-line fix: recipe={value}.replace(pad=True) (every operand zero-padded "
+            "to whole blocks), or `fp4lab run ... --set pad=true`; or keep the layer in high "
+            f"precision with the rule ({paths.split(' or ')[0]}, None)"
+        )
+    return ValueError(out)
 
 
 # `kernel` (`fused.enabled()` when the op is traced) only keys the traces: the quantizers
@@ -55,7 +112,10 @@ def _vjp_fwd(gemm, kernel, lhs, rhs, aux, probe):
 def _vjp_bwd(gemm, kernel, res, cotangent):
     lhs, rhs, aux, saved = res
     g = cotangent[0] if gemm.telemetry else cotangent
-    dx, dw, stats = _grads(gemm, kernel, lhs, rhs, g, aux, saved)
+    try:
+        dx, dw, stats = _grads(gemm, kernel, lhs, rhs, g, aux, saved)
+    except ValueError as e:  # traced outside the op's call: name its layer from `_SEEN`
+        raise at_layer(_SEEN.get((gemm, lhs.shape, rhs.shape), {}), e) from e
     return dx, dw, None, stats
 
 
@@ -77,4 +137,7 @@ def apply(gemm, lhs, rhs, aux, probe=None):
     """
     if gemm.telemetry != (probe is not None):
         raise ValueError("apply: pass a probe exactly when gemm.telemetry is True")
+    if _CALLER[0] is not None:
+        path, recipe = _CALLER[0]
+        _SEEN.setdefault((gemm, lhs.shape, rhs.shape), {})[path] = recipe
     return _vjp(gemm, fused.enabled(), lhs, rhs, aux, probe)

@@ -1,6 +1,7 @@
 """Host-side sweeps: experiment files, executors, the runner and the results store.
 
     experiment   experiment files: get_config(), sweep(add), cells and seeds
+    design       seed designs: crossed() crosses the quant stream with the others
     compute      compute_cell: one cell's seeds as compiled runs, a call per batch (any process)
     programs     cells' traced programs on disk (jax.export): later processes skip the trace
     executors    local executors (in process, worker processes)

@@ -13,9 +13,11 @@ An experiment file is plain Python with two functions:
 is an int n (seeds 0..n-1, the same integer in every stream), a dict {"init": [...],
 "data": [...], "quant": [...]} (the product of the lists; a missing stream is [0]), or a list
 of (init, data, quant) triples; a seed lies in [0, 2**32) (`fp4lab.schema.SEED_LIMIT`). A
-module-level `SEEDS` sets the default (else 1). Two cells of one config are an error (one
-config, one label). Everything is validated when the file is loaded, before anything runs;
-errors name the file, the line of the `add` call, the field and the allowed values. An
+module-level `SEEDS` sets the default (else 1). An int moves the three streams together, so the
+verdict cannot say which of them acts; `fp4lab.sweep.design.crossed()` crosses the quant stream
+with the others (`fp4lab run --design streams` for every cell). Two cells of one config are an
+error (one config, one label). Everything is validated when the file is loaded, before anything
+runs; errors name the file, the line of the `add` call, the field and the allowed values. An
 optional `analyze(results)` returns {name: DataFrame}: the experiment's own tables, which
 `fp4lab run` prints and writes to `<out>/<name>.csv` once the sweep is done.
 
@@ -239,7 +241,7 @@ def _own_base(base: Config, module, path: Path) -> Config:
 def load_experiment(
     path: str | Path,
     *,
-    seeds: int | None = None,
+    seeds: Any = None,
     steps: int | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> Experiment:
@@ -247,7 +249,8 @@ def load_experiment(
 
     Args:
       path: the experiment file.
-      seeds: run seeds 0..seeds-1 in every cell instead of the file's seeds.
+      seeds: the seeds of every cell instead of the file's: an int n (0..n-1), a per-stream
+        dict or a list of triples (`fp4lab.sweep.design.crossed()`).
       steps: the number of steps of every cell (the same as overrides={"steps": steps}).
       overrides: {config field: value} for every cell: set in the base config and in each cell,
         replacing the cell's own value. Validated like the file's own values.

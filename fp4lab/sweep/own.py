@@ -201,9 +201,12 @@ def sweep(
       seeds: an int n, a per-stream dict or a list of (init, data, quant) triples, as an
         experiment file's `seeds` (`fp4lab.sweep.experiment.seed_triples`).
       out: the results folder (one experiment's: `name`).
+      progress: show compiles, each seed's steps and an ETA on stderr, as `fp4lab run` does
+        (`fp4lab.sweep.progress`).
     """
     experiment = _experiment(model, loss, batch, cells, config, seeds, name, task_options)
-    runner.run_experiment(experiment, out, progress=progress)
+    # as `fp4lab run` shows a sweep: steps of every seed too
+    runner.run_experiment(experiment, out, progress=progress, progress_every=None)
     return results_store.load(out)
 
 

@@ -243,6 +243,7 @@ def _sweep(
         enabled=progress,
         labels=labels,
         steps=[cell.config.steps for cell, _, _ in work],
+        seeds=[list(seeds) for _, seeds, _ in work],
         compiles=[programs[shape] for shape in shapes],
         parallel=workers if executor == "local" else 1,
     )
@@ -288,8 +289,12 @@ def _parameters(fn) -> set[str]:
 
 
 def _seed_range(seeds: list) -> str:
-    """The seeds of a batch in brief: their init seeds ("0-3", "4", "0,2,5")."""
+    """The seeds of a batch in brief: their init seeds ("0-3", "4", "0,2,5"), or, where init
+    seeds repeat (a crossed design), the triples' count and the init seeds ("9 triples, init
+    0-2")."""
     first = [int(s[0]) for s in seeds]
+    if len(set(first)) < len(first):
+        return f"{len(seeds)} triples, init {_seed_range([(i,) for i in sorted(set(first))])}"
     if len(first) > 1 and first == list(range(first[0], first[-1] + 1)):
         return f"{first[0]}-{first[-1]}"
     return ",".join(map(str, first))

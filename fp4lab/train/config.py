@@ -161,6 +161,7 @@ class Config:
     recipe: str | GemmRecipe = "fp32"  # every quantizable GEMM: a recipe name or a GemmRecipe
     gemms: tuple[tuple[str, Any], ...] = ()  # per-GEMM / per-operand overrides: {"wgrad": "bf16"}
     backward: str = ""  # override the recipe's backward mode ("" keeps it)
+    pad: bool = False  # every quantized operand zero-padded to whole blocks (QuantSpec.pad)
     rules: tuple[tuple[str, Any], ...] = ()  # (path regex, recipe or None), before ".*"
     phases: tuple[tuple[float, Any], ...] = ()  # (start step or fraction, recipe or overrides)
     backend: str = "simulated"  # forward GEMMs: "simulated" | "native" | "auto"

@@ -83,6 +83,9 @@ def check(ns: Any, where: str) -> None:
     eval_batch = getattr(ns, "eval_batch", None)
     if eval_batch is not None and not callable(eval_batch):
         raise OwnTaskError(f"{where}: eval_batch is {type(eval_batch).__name__}; need a function")
+    for name in ("batch", "eval_batch"):
+        if callable(getattr(ns, name, None)):
+            check_signature(getattr(ns, name), name, where)
     for name in ("FLOOR", "TOKENS_PER_STEP"):
         value = getattr(ns, name, None)
         if name == "TOKENS_PER_STEP" and callable(value):
@@ -101,12 +104,32 @@ def data_files(ns: Any, where: str) -> tuple[str, ...]:
 
 def takes_config(fn) -> bool:
     """Whether a batch function takes the config first (three parameters, not two)."""
+    return len(_positional(fn)) >= 3
+
+
+def _positional(fn) -> list:
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3
+        return []
+    return [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def check_signature(fn, name: str, where: str) -> None:
+    """Raises OwnTaskError when `fn` (batch or eval_batch) reads two ways: two required
+    positional parameters and a defaulted third (`batch(key, step, batch_size=64)`) is
+    `batch(key, step)` with the third at its default, or `batch(config, key, step)`."""
+    params = _positional(fn)
+    required = [p for p in params if p.default is p.empty]
+    if len(params) >= 3 and len(required) < 3:
+        shown = ", ".join(str(p) for p in params)
+        raise OwnTaskError(
+            f"{where}: {name}({shown}) reads two ways: as {name}({params[0].name}, "
+            f"{params[1].name}) with {params[2].name} at its default, or as {name}(config, key, "
+            f"step) with the config passed as {params[0].name!r}; fp4lab would call it the "
+            f"second way. Make it one: {name}(key, step) (give {params[2].name} no parameter "
+            f"slot, e.g. a keyword-only `*, {params[2]}`) or {name}(config, key, step)"
+        )
 
 
 def floor_of(ns: Any) -> float:

@@ -45,6 +45,8 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
     names the first one's
     forward ("recipe"), so that a comparison across a late switch of precision can say which
     it uses: part of a "recovery" after switching to BF16 is a change of measurement.
+    `learned` is False when the training loss never fell below its first value (the verdict
+    and `fp4lab show` say "did not learn").
 
     Args:
       cfg: the run's Config. arrays: one seed's `train(keys)` output (host arrays).
@@ -72,6 +74,7 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
         "diverged": div_step >= 0,
         "divergence_step": float(div_step) if div_step >= 0 else math.nan,
         "divergence_kind": DIVERGENCE_KINDS[int(np.asarray(arrays["divergence_kind"]))],
+        "learned": bool(np.any(loss[1:] < loss[0])),  # NaN compares False: not learned
         "target_loss": target,
         "tokens_to_target": tokens_to_target(
             toward, target, cfg.target_window, task.tokens_per_step

@@ -56,7 +56,7 @@ from flax import nnx
 from fp4lab.core import recipes
 from fp4lab.core.spec import QuantSpec
 from fp4lab.nnx import noise, telemetry
-from fp4lab.nnx.rules import Rule, check_rules, quantize_model, unmatched_rules
+from fp4lab.nnx.rules import Rule, check_rules, quantize_model, unmatched_rules, warn_unseamed
 from fp4lab.schema import OPERAND_NAMES, SEED_LIMIT, STREAMS
 from fp4lab.train import divergence, loss_scaling
 from fp4lab.train.config import Config, ConfigError
@@ -119,15 +119,22 @@ def _recipe(value, gemms, backward: str) -> recipes.GemmRecipe:
 
 def phase_rules(cfg: Config) -> list[tuple[int, int, list[Rule]]]:
     """[(start, stop, rules)] of every precision phase (`Config.precision`), the first
-    starting at step 0."""
+    starting at step 0; with `Config.pad`, every recipe zero-pads its operands."""
     bounds = cfg.precision()
     out = []
     for i, (start, s) in enumerate(bounds):
         stop = bounds[i + 1][0] if i + 1 < len(bounds) else cfg.steps
-        rules = [Rule(p, r) for p, r in s["rules"]]
-        rules.append(Rule(".*", _recipe(s["recipe"], s["gemms"], s["backward"])))
+        rules = [Rule(p, _padded(cfg, r)) for p, r in s["rules"]]
+        rules.append(Rule(".*", _padded(cfg, _recipe(s["recipe"], s["gemms"], s["backward"]))))
         out.append((start, stop, rules))
     return out
+
+
+def _padded(cfg: Config, recipe):
+    """`recipe` with every operand zero-padded to whole blocks where `Config.pad` asks."""
+    if not cfg.pad or recipe is None:
+        return recipe
+    return recipes.get(recipe).replace(pad=True)
 
 
 def check_config_rules(task: Task, phases: list[tuple[int, int, list[Rule]]]) -> None:
@@ -139,7 +146,9 @@ def check_config_rules(task: Task, phases: list[tuple[int, int, list[Rule]]]) ->
     everything else (its last rule) may match nothing, unless no rule that quantizes reaches
     any layer (a model without a layer `quantize_model` can reach, or rules that keep every
     layer in high precision): its runs would hold high-precision numbers under a quantizing
-    recipe's label. A model function that returns no nnx.Module is a ConfigError too."""
+    recipe's label. A model function that returns no nnx.Module is a ConfigError too. Modules
+    that multiply their own parameters without a seam are warned about
+    (`fp4lab.nnx.rules.warn_unseamed`)."""
 
     def build():
         return task.model(nnx.Rngs(params=jax.random.key(0)))
@@ -166,6 +175,12 @@ def check_config_rules(task: Task, phases: list[tuple[int, int, list[Rule]]]) ->
             raise ConfigError(
                 f"{e}; nothing of the model would be quantized" if nothing else str(e)
             ) from None
+    # a module that multiplies its own Param without a seam stays unquantized: said once
+    try:
+        batch = jax.eval_shape(task.batch, jax.random.key(0), 0)
+    except Exception:  # a batch that cannot be traced here fails in the run, with its error
+        return
+    warn_unseamed(model, [r for _, _, rules in phases for r in rules], task.loss, batch)
 
 
 def _quantizes(recipe) -> bool:

@@ -5,12 +5,14 @@ import io
 import json
 import re
 import textwrap
+import time
 
 import numpy as np
 import pytest
 
 from fp4lab import sweep
 from fp4lab.sweep import runner, store
+from fp4lab.sweep.progress import FINISHING
 from fp4lab.train.config import Config
 
 MLP = dict(task="teacher", din=32, dout=32, teacher_hidden=(32,), hidden=(32,), batch_size=32)
@@ -103,8 +105,12 @@ def test_plain_progress_lines_and_the_jsonl_stream(tmp_path):
     lines = text.splitlines()
     assert re.search(r"compiling cell a \(seeds 0-1\) \.\.\.$", lines[0])
     assert re.search(r"compiled cell a \(seeds 0-1\) in \d+s$", lines[1])
-    steps = [line for line in lines if re.search(r"a \(seeds 0-1\): step \d/6 loss \d", line)]
-    assert [re.search(r"step (\d)/6", s).group(1) for s in steps] == ["2", "4", "6"]
+    steps = [
+        line for line in lines if re.search(r"a \(seeds 0-1\): seed \d/2, step \d/6 loss", line)
+    ]
+    assert [re.search(r"seed (\d)/2, step (\d)/6", s).groups() for s in steps] == [
+        (s, t) for s in "12" for t in "246"
+    ]
     assert "cell ETA" in steps[0]
     assert re.search(r"done, loss [\d.]+ \| sweep 1/1 batches, 2/2 runs", lines[-1])
     rows = [json.loads(line) for line in (out / runner.STREAM_FILE).read_text().splitlines()]
@@ -151,7 +157,7 @@ def test_compiles_are_shown_with_any_number_of_workers(tmp_path, workers):
     for cell in ("a", "b"):
         assert f"compiling cell {cell} (seeds 0-1) ..." in text, text
         assert re.search(rf"compiled cell {cell} \(seeds 0-1\) in \d+s", text), text
-    assert ": step " not in text
+    assert ", step " not in text
     if workers == 2:  # and with reports asked for, steps too, from the worker processes
         log.truncate(0)
         try:
@@ -161,7 +167,7 @@ def test_compiles_are_shown_with_any_number_of_workers(tmp_path, workers):
             )
         finally:
             runner.Progress = bar
-        assert re.search(r": step \d+/\d+", log.getvalue()), log.getvalue()
+        assert re.search(r": seed \d/2, step \d+/\d+", log.getvalue()), log.getvalue()
 
 
 @pytest.mark.slow
@@ -176,3 +182,53 @@ def test_one_scanned_lm_config_compiled_with_and_without_step_reports_in_one_pro
     plain = sweep.compute_cell(cfg.to_dict(), [(0, 0, 0)])
     shown = sweep.compute_cell(cfg.to_dict(), [(0, 0, 0)], progress=lambda e: None, every=2)
     assert _differs(plain[0]["series"], shown[0]["series"]) == []
+
+
+def _stepping_compute(config, seeds, progress=None):
+    """`fakes.fake_compute` that reports as compute_cell does on the CPU: a compile, then each
+    seed's steps in turn (the seeds of a call run one after the other)."""
+    from tests.fakes import fake_compute
+
+    if progress is not None:
+        progress({"event": "compile"})
+        progress({"event": "compiled", "seconds": 2.0, "width": len(seeds)})
+        for seed in seeds:
+            for step in range(2, config["steps"] + 1, 2):
+                progress({"event": "step", "seed": tuple(seed), "step": step, "loss": 1.0})
+                progress({"event": "step", "seed": tuple(seed), "step": step, "loss": 1.0})
+    return fake_compute(config, seeds)
+
+
+def test_a_three_seed_call_reports_every_seed_and_its_finishing_phase(tmp_path):
+    path = tmp_path / "exp.py"
+    path.write_text(textwrap.dedent(EXPERIMENT).replace("seeds=2", "seeds=3, seed_batch=3"))
+    log = io.StringIO()
+    bar = runner.Progress
+    try:
+        runner.Progress = lambda *a, **k: bar(*a, **(k | {"stream": log, "interval": 0}))
+        sweep.run_experiment(sweep.load_experiment(path), tmp_path / "r", compute=_stepping_compute)
+    finally:
+        runner.Progress = bar
+    lines = log.getvalue().splitlines()
+    found = [re.search(r"a \(seeds 0-2\): seed (\d)/3, step (\d)/6 loss", x) for x in lines]
+    shown = [(int(m.group(1)), int(m.group(2))) for m in found if m]
+    assert shown == [(s, t) for s in (1, 2, 3) for t in (2, 4, 6)]  # repeats are dropped
+    etas = [re.search(r"cell ETA (\S+), sweep ETA (\S+)\)$", x) for x in lines if "seed " in x]
+    assert all(etas) and etas[-1].groups() == ("0s", "0s")
+    done = [i for i, x in enumerate(lines) if x.endswith(f"a (seeds 0-2): {FINISHING} ...")]
+    assert len(done) == 1 and "seed 3/3, step 6/6" in lines[done[0] - 1]
+    assert re.search(
+        r"a \(seeds 0-2\): done, loss [\d.]+ \| sweep 1/1 batches, 3/3 runs", lines[-1]
+    )
+
+
+def test_the_eta_counts_every_seed_and_the_compiles_to_come(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    bar = runner.Progress(2, 6, io.StringIO(), steps=[10, 10], seeds=[3, 3], live=False)
+    bar.event(0, {"event": "compiled", "seconds": 30.0})
+    for t, now in ((1, 31.0), (10, 40.0)):  # seed 1: one second a step
+        clock[0] = now
+        bar.event(0, {"event": "step", "seed": (0, 0, 0), "step": t})
+    # 20 seed-steps left in batch 0 and 30 in batch 1 at 1 s, and batch 1's compile (30 s)
+    assert bar.eta() == 20 + 30 + 30

@@ -115,7 +115,8 @@ def test_cli_reports_errors_before_running(tmp_path, capsys):
 
 def test_cli_dry_run_lists_cells(tmp_path, capsys):
     path = write_experiment(tmp_path, 'add(recipe="fp32")\nadd(recipe="bf16", seeds=3)')
-    assert cli.main(["run", str(path), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    argv = ["run", str(path), "--out", str(tmp_path / "o"), "--dry-run", "--no-probe"]
+    assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "2 cells, 5 runs" in text
     assert "recipe=fp32  seeds(init/data/quant) 0/0/0 1/1/1  [0/2 done]" in text
