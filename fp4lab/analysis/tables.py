@@ -7,8 +7,9 @@ Every estimate comes with an interval:
     a mean over seeds (loss gap)           seeds as crossed random effects (`crossed`): t for
                                            seed triples (i, i, i), generalized when crossed
     a difference between two cells         the same, over the seeds the two cells share
-    a median over seeds (tokens)           BCa bootstrap over runs (percentile with inf),
-                                           seeded; runs assumed independent (seed triples)
+    a median over seeds (tokens)           order statistics (distribution-free)
+    an overhead against a baseline         ratio of geometric means, Welch t on the logs;
+                                           runs assumed independent (seed triples)
 
 Only runs with status "ok" give outcomes; every table counts the others. A run that never
 reaches the target counts as needing infinitely many tokens: it is never silently dropped.
@@ -30,10 +31,11 @@ from fp4lab.analysis.intervals import (
     Interval,
     Stat,
     bootstrap_ci,
+    log_ratio_interval,
     median_interval,
-    ratio_ci,
     wilson_interval,
 )
+from fp4lab.analysis.montecarlo import side_word
 from fp4lab.schema import STREAMS
 
 __all__ = [
@@ -44,9 +46,12 @@ __all__ = [
     "retarget",
     "tokens_to_target",
     "default_baseline",
+    "fixed_rows",
+    "with_family",
 ]
 
 BASELINE_RECIPES = ("bf16", "fp32", "fp8")  # default overhead baseline: the first one swept
+FIXED = ["term", "effect", "lo", "hi", "lo_mcse", "hi_mcse", "verdict"]  # `fixed_rows`
 NAN = float("nan")
 
 
@@ -218,15 +223,19 @@ def tokens_to_target(
     """Tokens to reach the target loss per group and the overhead against a baseline.
 
         tokens   = stat over seeds of T,  T = tokens_to_target, or +inf when never reached
-        overhead = tokens / tokens_baseline - 1      (Cim et al. 2026, Table 1: +8 % = 0.08)
+        overhead = exp(mean log T - mean log T_baseline) - 1   (a ratio of geometric means;
+                   Cim et al. 2026, Table 1, print overheads as +8 % = 0.08)
 
     Never-reached runs stay in as +inf: the median is finite while more than half of the seeds
     reach the target, and is inf ("never") otherwise; `never` counts them. Intervals: the median's
     from order statistics (`median_interval`: distribution-free, at least `level`; [min, max]
-    at 6-8 seeds; none below 6), another `stat`'s a bootstrap over seeds (`bootstrap_ci`); the
-    overhead resamples the group and its baseline independently (`ratio_ci`; its coverage at
-    8 seeds per group is simulated in tests/analysis/test_tokens_coverage.py). The baseline
-    group compared with itself has overhead exactly 0.
+    at 6-8 seeds; none below 6), another `stat`'s a bootstrap over seeds (`bootstrap_ci`, with
+    its Monte Carlo error in `tokens_mcse`; 0 for the median's). The overhead's is Welch's
+    t-interval on the logs of the two groups' runs (`log_ratio_interval`: no Monte Carlo
+    error; its coverage on bimodal crossings at 8 runs per group is simulated in
+    tests/analysis/test_tokens_coverage.py); a group or baseline with some never-reached runs
+    gets none. The baseline group compared with itself has overhead exactly 0. Each
+    overhead interval is at `level` on its own (`family` 1).
 
     Args:
       by: grouping columns (default one group per sweep cell).
@@ -234,11 +243,13 @@ def tokens_to_target(
         {by[0]: baseline}. None: no overhead columns.
       match: columns on which each group is compared with the baseline runs that share its
         values (e.g. ("lr",): every recipe against the baseline at its own learning rate).
-      stat, n_boot, level, seed: as in `bootstrap_ci`.
+      stat, n_boot, level, seed: as in `bootstrap_ci` (the tokens column).
     Returns:
       DataFrame with the `by` columns and n, failed, no_target (runs without a target), reached,
-      never, tokens, tokens_lo, tokens_hi and, with a baseline, overhead, overhead_lo, overhead_hi
-      and baseline (True for the baseline group itself).
+      never, tokens, tokens_lo, tokens_hi, tokens_mcse and, with a baseline, overhead,
+      overhead_lo, overhead_hi, overhead_word ("higher" / "lower" when the interval excludes
+      0, "no evidence" when it contains it, "baseline", "no interval"), family (1) and
+      baseline (True for the baseline group itself).
     """
     if isinstance(baseline, str):
         baseline = {by[0]: baseline}
@@ -250,12 +261,13 @@ def tokens_to_target(
         ok = ok_runs(g)
         t = _tokens(ok)
         if stat is np.median:
-            ci = median_interval(t, level)
+            ci, mcse = median_interval(t, level), 0.0
         else:
             ci = bootstrap_ci(t, stat, n_boot=n_boot, level=level, seed=seed)
+            mcse = max(ci.lo_se, ci.hi_se)
         row = key | dict(n=len(ok), failed=len(g) - len(ok), no_target=len(ok) - len(t))
         row |= dict(reached=int(np.isfinite(t).sum()), never=int(np.isinf(t).sum()))
-        row |= dict(tokens=ci.estimate, tokens_lo=ci.lo, tokens_hi=ci.hi)
+        row |= dict(tokens=ci.estimate, tokens_lo=ci.lo, tokens_hi=ci.hi, tokens_mcse=mcse)
         if baseline is not None:
             sel = np.ones(len(ok_all), bool)
             for col, value in baseline.items():
@@ -265,11 +277,12 @@ def tokens_to_target(
             base = ok_all[sel]
             is_base = bool(len(base)) and set(base.index) == set(ok.index)
             if is_base:
-                oh = Interval(0.0, 0.0, 0.0)
+                oh, word = Interval(0.0, 0.0, 0.0), "baseline"
             else:
-                oh = ratio_ci(t, _tokens(base), stat, n_boot=n_boot, level=level, seed=seed)
+                oh = log_ratio_interval(t, _tokens(base), level)
+                word = "no interval" if np.isnan([oh.lo, oh.hi]).any() else side_word(oh.lo, oh.hi)
             row |= dict(overhead=oh.estimate, overhead_lo=oh.lo, overhead_hi=oh.hi)
-            row |= dict(baseline=is_base)
+            row |= dict(overhead_word=word, family=1, baseline=is_base)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -349,3 +362,21 @@ def default_baseline(runs: pd.DataFrame) -> tuple[dict | None, list[str]]:
         c for c in design_factors(runs) if c not in baseline and base[c].astype(str).nunique() > 1
     ]
     return baseline, match
+
+
+def with_family(table: pd.DataFrame, family: int | None = None) -> pd.DataFrame:
+    """The table with a `family` column: how many intervals its Bonferroni level is shared
+    over (each row's level is 1 - (1 - level) / family), so that text quoting the table can
+    quote the family from it. Default: the `comparisons` a `verdicts.verdict` table counted
+    (its attrs); 1 for a table of intervals each at its own level."""
+    if family is None:
+        family = table.attrs["comparisons"]
+    return table.assign(family=int(family))
+
+
+def fixed_rows(verdict_table: pd.DataFrame) -> pd.DataFrame:
+    """The fixed rows of a `verdicts.verdict` table as the studies write them: term, effect,
+    lo, hi, the Monte Carlo errors of the ends (0 for a t-interval), verdict and family (the
+    rows of the whole verdict, random rows included, that its Bonferroni level covers)."""
+    fixed = verdict_table[verdict_table["kind"] == "fixed"][FIXED]
+    return with_family(fixed, verdict_table.attrs["comparisons"])
