@@ -117,7 +117,7 @@ def analyze(results):
     runs = results.runs
     t = analysis.tokens_to_target(runs, baseline="fp8")
     cols = ["cell", "n", "reached", "never", "tokens", "tokens_lo", "tokens_hi"]
-    cols += ["overhead", "overhead_lo", "overhead_hi", "overhead_word", "family"]
+    cols += ["overhead", "overhead_lo", "overhead_hi", "overhead_mcse", "overhead_word", "family"]
     v = analysis.verdict(runs, "loss_gap_hp", baseline="fp8")
     on_train = analysis.tokens_to_target(analysis.retarget(runs, results.metrics), baseline="fp8")
     return {

@@ -1,4 +1,5 @@
-"""Intervals for independent draws: Wilson for proportions, t for means, BCa bootstraps.
+"""Intervals for independent draws: exact (Clopper-Pearson) and Wilson for proportions, t for
+means, Welch t for ratios of geometric means, BCa bootstraps.
 
 Every estimate in `fp4lab.analysis` comes with an interval, and the interval says how it was
 made; bootstraps are seeded (`seed=`): the same call gives the same interval, and their ends
@@ -24,6 +25,7 @@ __all__ = [
     "MCInterval",
     "Stat",
     "wilson_interval",
+    "exact_binomial_interval",
     "t_interval",
     "percentile_interval",
     "bootstrap_ci",
@@ -80,6 +82,32 @@ def wilson_interval(k, n, level: float = 0.95) -> Interval:
         centre = (p + z**2 / (2 * n)) / denom
         half = z / denom * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
     lo, hi = np.clip(centre - half, 0, 1), np.clip(centre + half, 0, 1)
+    if p.ndim == 0:
+        return Interval(float(p), float(lo), float(hi))
+    return Interval(p, lo, hi)
+
+
+def exact_binomial_interval(k, n, level: float = 0.95) -> Interval:
+    """Clopper-Pearson interval for a proportion k/n (Clopper & Pearson 1934).
+
+        lo = Beta^-1((1 - level)/2; k, n - k + 1)    (0 at k = 0)
+        hi = Beta^-1((1 + level)/2; k + 1, n - k)    (1 at k = n)
+
+    Its coverage is at least `level` at every true rate, whatever n: the interval the tables
+    print for rates (divergence, runs with a spike). Wilson's (`wilson_interval`) is narrower
+    but under-covers at the studies' 6-8 runs: at 8 runs it misses 7.7 % and 14.9 % of the
+    time at true rates of 1 % and 2 % (its lower end at k = 1 is already 2.2 %), 7.0 % at
+    1/2 (tests/analysis/test_coverage_designs.py). The same as scipy's
+    `binomtest(k, n).proportion_ci(method="exact")`, vectorised. Arguments and return as
+    `wilson_interval`'s.
+    """
+    k, n = np.asarray(k, np.float64), np.asarray(n, np.float64)
+    alpha = 1 - level
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = k / n
+        lo = np.where(k > 0, scipy_stats.beta.ppf(alpha / 2, k, n - k + 1), 0.0)
+        hi = np.where(k < n, scipy_stats.beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
+    lo, hi = np.where(n > 0, lo, NAN), np.where(n > 0, hi, NAN)
     if p.ndim == 0:
         return Interval(float(p), float(lo), float(hi))
     return Interval(p, lo, hi)

@@ -6,7 +6,7 @@ folder's tables) and writes a single file that opens offline: styles inline, eve
 base64 PNG in an <img> tag, no scripts, fonts or links to fetch. Its sections:
 
     Runs          what was run: experiments, cells, seeds, failures
-    Cells         per cell: divergence rate (Wilson), loss gap (seeds as random effects),
+    Cells         per cell: divergence rate (exact), loss gap (seeds as random effects),
                   tokens to target (order statistics), overhead against the baseline recipe
     What matters  `analysis.verdict` (cells against the seed streams) for the loss gap (and
                   divergence, when some runs diverged)
@@ -59,7 +59,7 @@ figcaption { color: #555; font-size: 0.9em; }
 
 _METHODS = [
     "Only runs with status “ok” give outcomes; failed runs are counted in every table.",
-    "Divergence rate: diverged / n with a Wilson score interval.",
+    "Divergence rate: diverged / n with an exact (Clopper-Pearson) interval.",
     "Loss gap: final loss − the task's exact optimum, mean over seeds; runs with a non-finite "
     "loss are counted, not averaged; seeds are random effects: a t-interval over seed triples "
     "(i, i, i), a generalized interval over each stream's levels when the streams are crossed; "

@@ -3,7 +3,7 @@
 Reads only the results store's two tables (`fp4lab.analysis.frames`), never the training code.
 Every estimate comes with an interval:
 
-    proportions (divergence rate)          Wilson score interval
+    proportions (divergence rate)          Clopper-Pearson (exact) interval
     a mean over seeds (loss gap)           seeds as crossed random effects (`crossed`): t for
                                            seed triples (i, i, i), generalized when crossed
     a difference between two cells         the same, over the seeds the two cells share
@@ -28,12 +28,13 @@ from fp4lab.analysis.columns import require
 from fp4lab.analysis.factors import design_factors
 from fp4lab.analysis.frames import ok_runs
 from fp4lab.analysis.intervals import (
-    Interval,
+    MCInterval,
     Stat,
     bootstrap_ci,
+    exact_binomial_interval,
     log_ratio_interval,
     median_interval,
-    wilson_interval,
+    ratio_ci,
 )
 from fp4lab.analysis.montecarlo import side_word
 from fp4lab.schema import STREAMS
@@ -62,7 +63,7 @@ def _groups(runs: pd.DataFrame, by: Sequence[str]) -> Iterable[tuple[dict, pd.Da
 
 
 def divergence_rate(runs: pd.DataFrame, by: Sequence[str] = ("cell",), *, level=0.95):
-    """Fraction of runs that diverged per group, with a Wilson interval.
+    """Fraction of runs that diverged per group, with an exact (Clopper-Pearson) interval.
 
     rate = diverged / n over the runs with status "ok" (a failed run is neither a divergence nor
     a success: it is counted in `failed` and left out of n).
@@ -78,7 +79,7 @@ def divergence_rate(runs: pd.DataFrame, by: Sequence[str] = ("cell",), *, level=
         ok = ok_runs(g)
         div = ok["diverged"].astype(bool)
         kind = ok["divergence_kind"].astype(str)
-        rate = wilson_interval(int(div.sum()), len(ok), level)
+        rate = exact_binomial_interval(int(div.sum()), len(ok), level)
         rows.append(
             key
             | dict(n=len(ok), failed=len(g) - len(ok), diverged=int(div.sum()))
@@ -233,9 +234,12 @@ def tokens_to_target(
     its Monte Carlo error in `tokens_mcse`; 0 for the median's). The overhead's is Welch's
     t-interval on the logs of the two groups' runs (`log_ratio_interval`: no Monte Carlo
     error; its coverage on bimodal crossings at 8 runs per group is simulated in
-    tests/analysis/test_tokens_coverage.py); a group or baseline with some never-reached runs
-    gets none. The baseline group compared with itself has overhead exactly 0. Each
-    overhead interval is at `level` on its own (`family` 1).
+    tests/analysis/test_tokens_coverage.py). Where some but not all runs of a group or its
+    baseline never reach, the geometric mean is inf and the overhead is the ratio of medians
+    with `ratio_ci`'s interval (percentile, Monte Carlo error in `overhead_mcse`; not
+    coverage-tested, read as optimistic); every run never reaching gives inf. The baseline
+    group compared with itself has overhead exactly 0. Each overhead interval is at `level` on
+    its own (`family` 1).
 
     Args:
       by: grouping columns (default one group per sweep cell).
@@ -243,13 +247,15 @@ def tokens_to_target(
         {by[0]: baseline}. None: no overhead columns.
       match: columns on which each group is compared with the baseline runs that share its
         values (e.g. ("lr",): every recipe against the baseline at its own learning rate).
-      stat, n_boot, level, seed: as in `bootstrap_ci` (the tokens column).
+      stat, n_boot, level, seed: as in `bootstrap_ci` (the tokens column, and the overhead
+        where some runs never reach).
     Returns:
       DataFrame with the `by` columns and n, failed, no_target (runs without a target), reached,
       never, tokens, tokens_lo, tokens_hi, tokens_mcse and, with a baseline, overhead,
-      overhead_lo, overhead_hi, overhead_word ("higher" / "lower" when the interval excludes
-      0, "no evidence" when it contains it, "baseline", "no interval"), family (1) and
-      baseline (True for the baseline group itself).
+      overhead_lo, overhead_hi, overhead_mcse, overhead_word ("higher" / "lower" when the
+      interval excludes 0, "no evidence" when it contains it, "undecided" within its Monte
+      Carlo error, "baseline", "no interval"), family (1) and baseline (True for the baseline
+      group itself).
     """
     if isinstance(baseline, str):
         baseline = {by[0]: baseline}
@@ -276,15 +282,24 @@ def tokens_to_target(
                 sel &= (ok_all[col] == ok[col].iloc[0]).to_numpy() if len(ok) else False
             base = ok_all[sel]
             is_base = bool(len(base)) and set(base.index) == set(ok.index)
-            if is_base:
-                oh, word = Interval(0.0, 0.0, 0.0), "baseline"
-            else:
-                oh = log_ratio_interval(t, _tokens(base), level)
-                word = "no interval" if np.isnan([oh.lo, oh.hi]).any() else side_word(oh.lo, oh.hi)
+            oh = _overhead(t, _tokens(base), is_base, level, n_boot, seed)
+            word = "no interval" if np.isnan([oh.lo, oh.hi]).any() else side_word(*oh[1:])
             row |= dict(overhead=oh.estimate, overhead_lo=oh.lo, overhead_hi=oh.hi)
-            row |= dict(overhead_word=word, family=1, baseline=is_base)
+            row |= dict(overhead_mcse=max(oh.lo_se, oh.hi_se))
+            row |= dict(overhead_word="baseline" if is_base else word, family=1, baseline=is_base)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _overhead(t, base, is_base: bool, level: float, n_boot: int, seed: int) -> MCInterval:
+    """The overhead of tokens t against the baseline's (see `tokens_to_target`)."""
+    if is_base:
+        return MCInterval(0.0, 0.0, 0.0)
+    some_never = np.isinf(t).any() or np.isinf(base).any()
+    if some_never and not (np.isinf(t).all() or np.isinf(base).all()):
+        # a geometric mean with never-reached runs is inf; the ratio of medians is not
+        return ratio_ci(t, base, np.median, n_boot=n_boot, level=level, seed=seed)
+    return MCInterval(*log_ratio_interval(t, base, level))
 
 
 def retarget(runs: pd.DataFrame, metrics: pd.DataFrame, series: str = "loss") -> pd.DataFrame:

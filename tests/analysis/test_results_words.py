@@ -5,8 +5,8 @@ Words: every CSV under results/ with a word column (`verdict`, `overhead_word`, 
 `trend`) has, in every row whose word reads an interval against 0, the word that
 `montecarlo.side_word` gives from the row's ends and their Monte Carlo standard errors: no
 decided word has its deciding end within `MC_SES` standard errors of 0. Intervals without a
-Monte Carlo error (t, Welch, Fieller) count with 0. The LM studies' tables must carry the
-Monte Carlo columns of every interval that has one.
+Monte Carlo error (t, Welch, Fieller) count with 0, as their `*_mcse` columns say. The LM
+studies' tables must carry the Monte Carlo columns of every interval that has one.
 
 Families: every LM table with an interval carries `family`, the number of intervals its
 Bonferroni level covers; every "Bonferroni over N" in results/README.md and the README names a
@@ -30,7 +30,7 @@ LM += ("randomness_vs_error_lm", "sqrt3_lm")
 # as side_word's: higher, lower, no evidence, undecided)
 WORDS = {
     "verdict": ("lo", "hi", ("lo_mcse", "hi_mcse"), {}),
-    "overhead_word": ("overhead_lo", "overhead_hi", None, {}),
+    "overhead_word": ("overhead_lo", "overhead_hi", ("overhead_mcse", "overhead_mcse"), {}),
     "excludes_0": ("lo", "hi", ("lo_mcse", "hi_mcse"), {"yes": ("higher", "lower")}),
     "trend": ("lo", "hi", None, {"falling": ("higher",), "rising": ("lower",)}),
 }
