@@ -10,7 +10,7 @@ stay fast and a worker process loads only what it runs.
                           qconv_general_dilated
     models                Rule, quantize_model, describe, backend_report, unquantize,
                           telemetry
-    runs                  Config, make_keys, make_train, train, sweep, load
+    runs                  Config, make_keys, make_train, train, sweep, load, replicate
     your own model        own (own.train, own.sweep: your model, loss and data, seeds, store)
     which GEMMs in BF16   diagnose (callable: fl.diagnose(model, loss, batch) or experiment=)
     analysis              analysis (plots and report are its submodules)
@@ -55,6 +55,7 @@ _API = {
     "own": ("fp4lab.sweep.own", None),
     "diagnose": ("fp4lab.diagnose", None),
     "load": ("fp4lab.sweep.store", "load"),
+    "replicate": ("fp4lab.sweep.replicate", "replicate"),
     "analysis": ("fp4lab.analysis", None),
     "models": ("fp4lab.models", None),
     "data": ("fp4lab.data", None),

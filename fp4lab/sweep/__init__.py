@@ -16,6 +16,7 @@
     failures     why runs fail, in one line: before they run (--dry-run traces) and after
     records      atomic writes, checked reads, bad entries skipped with a warning
     reproduce    reproduce(folder, run_id): one stored run again, bit for bit
+    replicate    replicate(folder, seeds_from): a finished study on fresh seeds, its words
     own          fp4lab.own: your model, loss and data from Python (train, sweep)
 
 The trainer is reached only inside `compute_cell`; the rest runs without flax.
@@ -37,6 +38,7 @@ _LAZY = {
     "StoreError": "records",
     "ReproductionError": "reproduce",
     "reproduce": "reproduce",
+    "replicate": "replicate",
     **dict.fromkeys(("EXECUTORS", "FolderTaken", "pending", "run_experiment"), "runner"),
     "NUMERICS_VERSION": "store",
     "load": "store",
@@ -71,6 +73,7 @@ __all__ = [
     "load_experiment",
     "parse_overrides",
     "pending",
+    "replicate",
     "reproduce",
     "run_experiment",
     "seed_triples",
