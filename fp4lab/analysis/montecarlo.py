@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["MC_SES", "BATCHES", "Ends", "batched_ends", "quantile_ends", "side_word"]
+__all__ = ["MC_SES", "BATCHES", "Ends", "batched_ends", "more_draws", "quantile_ends", "side_word"]
 
 MC_SES = 3  # a word needs its deciding end this many Monte Carlo standard errors from 0
 NAN = float("nan")
@@ -130,3 +130,25 @@ def batched_ends(batch: Callable[[int], tuple[float, float]], batches=BATCHES) -
         if settled or len(ends) >= cap or side_word(lo, hi, lo_se, hi_se) != "undecided":
             return Ends(lo, hi, lo_se, hi_se)
         ends += [batch(k) for k in range(len(ends), min(2 * len(ends), cap))]
+
+
+def more_draws(make: Callable[[int], tuple], draws: int, cap: int):
+    """`make(draws)` again with 4 times the draws while its word is "undecided" and the draws
+    stay within `cap`: an interval whose deciding end is within `MC_SES` Monte Carlo standard
+    errors of 0 is redrawn until it is decided or the cap says more draws cost too much.
+
+    Args:
+      make: make(draws) -> an interval with fields lo, hi, lo_se, hi_se.
+      draws: the first number of draws. cap: the most draws.
+    Returns:
+      The last interval made.
+    """
+    interval = make(draws)
+    while draws * 4 <= cap and np.isfinite([interval.lo, interval.hi]).all():
+        if side_word(interval.lo, interval.hi, interval.lo_se, interval.hi_se) != "undecided":
+            break
+        if interval.lo_se == 0 and interval.hi_se == 0:  # a closed form: draws change nothing
+            break
+        draws *= 4
+        interval = make(draws)
+    return interval

@@ -36,7 +36,7 @@ from fp4lab.analysis.intervals import (
     median_interval,
     ratio_ci,
 )
-from fp4lab.analysis.montecarlo import side_word
+from fp4lab.analysis.montecarlo import more_draws, side_word
 from fp4lab.schema import STREAMS
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
 
 BASELINE_RECIPES = ("bf16", "fp32", "fp8")  # default overhead baseline: the first one swept
 FIXED = ["term", "effect", "lo", "hi", "lo_mcse", "hi_mcse", "verdict"]  # `fixed_rows`
+MAX_DRAWS_FACTOR = 16  # paired_difference: an undecided word is redrawn up to this many times
 NAN = float("nan")
 
 
@@ -172,7 +173,9 @@ def paired_difference(
       DataFrame with `by`, pairs, diff, diff_lo, diff_hi, diff_mcse (the larger Monte Carlo
       standard error of the two ends), and `verdict`: "higher" or "lower" when the interval
       excludes 0, "no evidence" when it contains 0 (an effect may still be there), each only
-      with the deciding end `crossed.MC_SES` standard errors clear of 0 (else "undecided"),
+      with the deciding end `crossed.MC_SES` standard errors clear of 0; where it is not, the
+      interval is redrawn with 4 times the draws (`montecarlo.more_draws`) up to
+      `MAX_DRAWS_FACTOR` times `draws`, and then "undecided",
       "too few seeds" (fewer than 3 levels of a paired stream, or nothing to pair
       on), "baseline" for the baseline itself.
     """
@@ -188,7 +191,11 @@ def paired_difference(
             rows[-1]["diff_mcse"] = NAN
             rows[-1]["verdict"] = "too few seeds"
             continue
-        ci = crossed.mean_interval(d, lay, level=level, draws=draws, seed=seed)
+        ci = more_draws(
+            lambda n: crossed.mean_interval(d, lay, level=level, draws=n, seed=seed),  # noqa: B023
+            draws,
+            MAX_DRAWS_FACTOR * draws,
+        )
         if name == baseline:
             verdict = "baseline"
         elif not (np.isfinite(ci.lo) and np.isfinite(ci.hi)):

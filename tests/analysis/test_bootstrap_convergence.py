@@ -5,7 +5,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from fp4lab.analysis import bootstrap_ci, ratio_ci
-from fp4lab.analysis.montecarlo import BATCHES, MC_SES, batched_ends, side_word
+from fp4lab.analysis.montecarlo import BATCHES, MC_SES, Ends, batched_ends, more_draws, side_word
 
 
 def _counting(ends_of):
@@ -57,3 +57,19 @@ def test_no_two_seeds_give_opposite_words():
         i = ratio_ci(a, b, np.median, n_boot=500, seed=seed)
         words.add(side_word(i.lo, i.hi, i.lo_se, i.hi_se))
     assert len(words - {"undecided"}) <= 1, words
+
+
+def test_generalized_draws_are_redrawn_four_times_more_until_decided():
+    """`more_draws` (paired_difference's contrasts): an end 0.01 from 0 whose Monte Carlo
+    error shrinks as 1/sqrt(draws) is undecided at 1000 and 4000 draws, decided at 16 000."""
+    made = []
+
+    def make(n):
+        made.append(n)
+        se = 0.01 * np.sqrt(1000 / n)
+        return Ends(0.01, 1.0, se, se)
+
+    interval = more_draws(make, 1000, 16_000)
+    assert made == [1000, 4000, 16_000] and side_word(*interval) == "higher"
+    made.clear()
+    assert side_word(*more_draws(make, 1000, 8000)) == "undecided" and made == [1000, 4000]
