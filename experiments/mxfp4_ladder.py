@@ -74,4 +74,5 @@ def analyze(results):
     baseline, match = analysis.default_baseline(results.runs)  # plain fp8, at the same outliers
     t = analysis.tokens_to_target(results.runs, baseline=baseline, match=match)
     cols = ["cell", "n", "reached", "never", "tokens", "tokens_lo", "tokens_hi"]
-    return {"overhead": t[cols + ["overhead", "overhead_lo", "overhead_hi"]]}
+    cols += ["overhead", "overhead_lo", "overhead_hi", "overhead_mcse", "overhead_word", "family"]
+    return {"overhead": t[cols]}

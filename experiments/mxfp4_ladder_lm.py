@@ -117,11 +117,11 @@ def analyze(results):
     runs = results.runs
     t = analysis.tokens_to_target(runs, baseline="fp8")
     cols = ["cell", "n", "reached", "never", "tokens", "tokens_lo", "tokens_hi"]
+    cols += ["overhead", "overhead_lo", "overhead_hi", "overhead_mcse", "overhead_word", "family"]
     v = analysis.verdict(runs, "loss_gap_hp", baseline="fp8")
-    fixed = v[v.kind == "fixed"]
     on_train = analysis.tokens_to_target(analysis.retarget(runs, results.metrics), baseline="fp8")
     return {
-        "overhead": t[cols + ["overhead", "overhead_lo", "overhead_hi"]],
-        "overhead_train": on_train[cols + ["overhead", "overhead_lo", "overhead_hi"]],
-        "gap_hp": fixed[["term", "effect", "lo", "hi", "verdict"]],
+        "overhead": t[cols],
+        "overhead_train": on_train[cols],
+        "gap_hp": analysis.fixed_rows(v),
     }

@@ -28,6 +28,8 @@ help here), also on Fprop +0.0031 [+0.0012, +0.0051], also on Dgrad +0.0070 [+0.
 See results/README.md.
 """
 
+import pandas as pd
+
 from fp4lab import analysis
 from fp4lab.train.config import Config
 
@@ -65,9 +67,26 @@ def sweep(add):
 
 def analyze(results):
     """paired.csv: each cell's held-out loss gap minus nvfp4's, paired on the seeds (the cells
-    share their seeds, so the seed-to-seed spread cancels); loss_gap.csv: the gap per cell."""
+    share their seeds, so the seed-to-seed spread cancels), one interval per row;
+    bonferroni.csv: the same with the 9 comparisons against nvfp4 as one family, and first 3
+    against last 3 in BF16 likewise; loss_gap.csv: the gap per cell."""
     runs = results.runs
+    family = len(set(runs["cell"])) - 1  # every cell against nvfp4
+    level = 1 - 0.05 / family
+    together = analysis.paired_difference(runs, "recipe=nvfp4", level=level)
+    first_last = analysis.paired_difference(runs, "nvfp4, last 3 in bf16", level=level)
     return {
-        "paired": analysis.paired_difference(runs, "recipe=nvfp4"),
-        "loss_gap": analysis.loss_gap(runs),
+        "paired": analysis.with_family(analysis.paired_difference(runs, "recipe=nvfp4"), 1),
+        "bonferroni": analysis.with_family(
+            pd.concat(
+                [
+                    together.assign(against="recipe=nvfp4"),
+                    first_last[first_last["cell"] == "nvfp4, first 3 in bf16"].assign(
+                        against="nvfp4, last 3 in bf16"
+                    ),
+                ]
+            ),
+            family,
+        ),
+        "loss_gap": analysis.with_family(analysis.loss_gap(runs), 1),
     }

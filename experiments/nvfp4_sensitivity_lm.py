@@ -108,8 +108,8 @@ def analyze(results):
     rows = []
     for part, base in ((low, "nvfp4"), (high, "nvfp4, lr 3e-2")):
         v = analysis.verdict(part, "loss_gap_hp", baseline=base)
-        rows.append(v[v.kind == "fixed"][["term", "effect", "lo", "hi", "verdict"]])
+        rows.append(analysis.fixed_rows(v))
     return {
         "paired": pd.concat(rows, ignore_index=True),
-        "diverged": analysis.divergence_rate(runs),
+        "diverged": analysis.with_family(analysis.divergence_rate(runs), 1),
     }

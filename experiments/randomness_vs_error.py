@@ -95,7 +95,7 @@ def analyze(results):
     4000-draw interval said "higher"/"lower" (the 5 -> 8 -> 12 history of results/README.md)."""
     runs = results.runs
     return {
-        "verdict": analysis.verdict(runs, "loss_gap"),
+        "verdict": analysis.with_family(analysis.verdict(runs, "loss_gap")),
         "components": analysis.variance_components(runs, "loss_gap"),
         "loss_gap": analysis.loss_gap(runs),
         "outcomes": outcomes(runs),

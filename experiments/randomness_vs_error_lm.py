@@ -194,7 +194,9 @@ def analyze(results):
     runs = results.runs.join(run_drift(results), on="run_id")
     table = outcomes(runs)
     return {
-        "verdict": analysis.verdict(runs, "loss_gap_hp", baseline="nvfp4-no-sr"),
+        "verdict": analysis.with_family(
+            analysis.verdict(runs, "loss_gap_hp", baseline="nvfp4-no-sr")
+        ),
         "outcomes": table,
         "link": link(runs),
         "cells": cell_means(runs),
@@ -217,6 +219,9 @@ def outcomes(runs):
     return table
 
 
+EXCLUDES_0 = {"higher": "yes", "lower": "yes", "no evidence": "no"}  # else "undecided"
+
+
 def link(runs):
     """The within-cell correlation of drift and loss_gap_hp: pooled over the quantized cells,
     then per cell."""
@@ -226,8 +231,7 @@ def link(runs):
     for name, rows_ in groups:
         c = analysis.within_correlation(rows_, "drift", "loss_gap_hp")
         rows.append(dict(cells=name, n=c.n, r=c.r, lo=c.lo, hi=c.hi, method=c.method))
-    out = pd.DataFrame(rows)
-    out["excludes_0"] = np.where(
-        out.lo.isna(), "", np.where((out.lo > 0) | (out.hi < 0), "yes", "no")
-    )
-    return out
+        rows[-1] |= dict(lo_mcse=c.lo_mcse, hi_mcse=c.hi_mcse)
+        word = analysis.crossed.side_word(c.lo, c.hi, c.lo_mcse, c.hi_mcse)
+        rows[-1]["excludes_0"] = "" if np.isnan(c.lo) else EXCLUDES_0.get(word, word)
+    return analysis.with_family(pd.DataFrame(rows), 1)

@@ -38,7 +38,7 @@ tokens, KL(sampler || trainer)); the reward of the last 20 % of updates; gradien
 Statistics: per study, each contrast is a paired difference over the 8 seeds with a Student t
 interval, Bonferroni over the study's contrasts ("higher" / "lower" where the interval excludes
 0, else "no evidence"); a variant's own mean has a plain 95 % t interval; the share of runs
-with a spike a Wilson interval.
+with a spike an exact (Clopper-Pearson) interval.
 
 Choices that could favour an outcome, fixed before the runs: 12 blocks (so that 2 blocks are
 17 %), 100 and 300 updates, the learning rates (3e-4 and SGD 0.3 as in `rl_mismatch.py`, 3e-3
@@ -90,7 +90,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 import fp4lab as fl
-from fp4lab.analysis import t_interval, wilson_interval
+from fp4lab.analysis import exact_binomial_interval, t_interval
 from fp4lab.core import recipes
 from fp4lab.models import TransformerConfig
 from fp4lab.rl import GRPOConfig, grpo
@@ -218,7 +218,7 @@ def variant_row(study: str, name: str, seeds: pd.DataFrame, seconds: float) -> d
     for metric in ("abs_logp", "kl", "reward_late", "spikes"):
         i = t_interval(seeds[metric])
         row |= {metric: i.estimate, f"{metric}_lo": i.lo, f"{metric}_hi": i.hi}
-    w = wilson_interval(int((seeds["spikes"] > 0).sum()), len(seeds))
+    w = exact_binomial_interval(int((seeds["spikes"] > 0).sum()), len(seeds))
     row |= {"runs_with_spike": int((seeds["spikes"] > 0).sum())}
     row |= {"spike_share_lo": w.lo, "spike_share_hi": w.hi}
     row |= {"grad_norm": float(seeds["grad_norm"].median()), "seconds": round(seconds, 1)}

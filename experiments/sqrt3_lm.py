@@ -126,7 +126,7 @@ def analyze(results):
     return {
         "gnr": gnr_table(runs, metrics, switch),
         "progress": progress_table(runs, metrics),
-        "late": v[v.kind == "fixed"][["term", "effect", "lo", "hi", "verdict"]],
+        "late": analysis.fixed_rows(v),
         "recovery": recovery_table(runs),
     }
 
@@ -168,7 +168,7 @@ def recovery_table(runs):
         share = float(gain.mean() / gap.mean())
         rows.append(dict(cell=cell, gain=gain.mean(), gap=gap.mean(), share_closed=share))
         rows[-1] |= dict(lo=lo, hi=hi, n=len(gap))
-    return pd.DataFrame(rows)
+    return analysis.with_family(pd.DataFrame(rows), 1)
 
 
 def progress_table(runs, metrics):
@@ -185,4 +185,4 @@ def progress_table(runs, metrics):
     out = pd.DataFrame(rows)
     word = np.where(out["hi"] < 0, "rising", "no evidence of a change")
     out["trend"] = np.where(out["lo"] > 0, "falling", word)
-    return out
+    return analysis.with_family(out, 1)

@@ -11,7 +11,7 @@ worker process loads only what it runs.
                           qconv_general_dilated
     models                Rule, quantize_model, describe, backend_report, unquantize,
                           telemetry
-    runs                  Config, make_keys, make_train, sweep, load
+    runs                  Config, make_keys, make_train, sweep, load, replicate
     your own model        own (own.train, own.sweep: your model, loss and data, seeds, store)
     seed designs          design (design.crossed(): the quant stream crossed with the others)
     which GEMMs in BF16   diagnose(model, loss, batch) or diagnose(experiment=...)

@@ -38,6 +38,7 @@ from fp4lab.nnx.rules import unquantize as unquantize
 from fp4lab import sweep as sweep
 from fp4lab.sweep import design as design
 from fp4lab.sweep import own as own
+from fp4lab.sweep.fresh import replicate as replicate
 from fp4lab.sweep.store import load as load
 from fp4lab.train.config import Config as Config
 from fp4lab.train.trainer import make_keys as make_keys

@@ -39,7 +39,10 @@ from fp4lab.analysis.frames import (
 )
 from fp4lab.analysis.intervals import (
     Interval,
+    MCInterval,
     bootstrap_ci,
+    exact_binomial_interval,
+    log_ratio_interval,
     median_interval,
     percentile_interval,
     ratio_ci,
@@ -51,10 +54,12 @@ from fp4lab.analysis.tables import (
     BASELINE_RECIPES,
     default_baseline,
     divergence_rate,
+    fixed_rows,
     loss_gap,
     paired_difference,
     retarget,
     tokens_to_target,
+    with_family,
 )
 from fp4lab.analysis.verdicts import verdict
 
@@ -63,6 +68,7 @@ __all__ = [
     "Correlation",
     "IDENTITY",
     "Interval",
+    "MCInterval",
     "SEEDS",
     "SUMMARIES",
     "attach",
@@ -71,10 +77,13 @@ __all__ = [
     "default_baseline",
     "design_factors",
     "divergence_rate",
+    "exact_binomial_interval",
+    "fixed_rows",
     "grad_telemetry",
     "acc_telemetry",
     "layer_order",
     "depths",
+    "log_ratio_interval",
     "loss_gap",
     "median_interval",
     "ok_runs",
@@ -93,5 +102,6 @@ __all__ = [
     "variance_decomposition",
     "verdict",
     "wilson_interval",
+    "with_family",
     "within_correlation",
 ]

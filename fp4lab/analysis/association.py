@@ -16,8 +16,10 @@ weighs each run by the product of its levels' counts; the standard error of Fish
 weighted correlation over those draws, times a t quantile on min(levels) - 1 degrees of
 freedom, gives the interval on the z scale (as `crossed.mean_interval` does for an unbalanced
 mean). The pigeonhole variance is conservative for crossed designs (Owen 2007); with 5 levels
-per stream the t quantile keeps the interval from being too narrow. Coverage is checked by
-simulation in tests/analysis/test_association.py.
+per stream the t quantile keeps the interval from being too narrow. Each end carries its Monte
+Carlo standard error (that of the bootstrap SD, sd / sqrt(2 (draws - 1)), carried through tanh);
+where an end is within `MC_SES` of them from 0 the draws are doubled, up to `MAX_BOOTSTRAPS`.
+Coverage is checked by simulation in tests/analysis/test_association.py.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from scipy import stats as scipy_stats
 
 from fp4lab.analysis.crossed import MIN_LEVELS, layout
 from fp4lab.analysis.frames import ok_runs
+from fp4lab.analysis.montecarlo import side_word
 from fp4lab.schema import STREAMS
 
 __all__ = ["Correlation", "within_correlation"]
 
 BOOTSTRAPS = 4000
+MAX_BOOTSTRAPS = 64_000  # draws are doubled up to this while the word is undecided
 NAN = float("nan")
 
 
@@ -46,6 +50,8 @@ class Correlation(NamedTuple):
     hi: float
     n: int  # runs used
     method: str
+    lo_mcse: float = 0.0  # Monte Carlo standard error of each end
+    hi_mcse: float = 0.0
 
 
 def _weighted_r(w: np.ndarray, x: np.ndarray, y: np.ndarray, cells: np.ndarray) -> np.ndarray:
@@ -79,10 +85,10 @@ def within_correlation(
     Args:
       runs: a runs table (cell, seed_<stream> columns; rows with status "ok" and finite x, y
         are used). x, y: the columns. streams: the seed streams. level: the interval's
-        coverage. draws: pigeonhole resamples. seed: their seed.
+        coverage. draws: pigeonhole resamples (the first batch). seed: their seed.
     Returns:
-      Correlation(r, lo, hi, n, method): method "pigeonhole z" or why there is no interval
-      (a stream that varies with fewer than 3 levels, or no varying stream).
+      Correlation(r, lo, hi, n, method, lo_mcse, hi_mcse): method "pigeonhole z" or why there
+      is no interval (a stream that varies with fewer than 3 levels, or no varying stream).
     """
     rows = ok_runs(runs)
     vals = rows[[x, y]].astype(np.float64).to_numpy()
@@ -96,13 +102,21 @@ def within_correlation(
     codes, levels = lay.codes, lay.levels
     if min(levels) < MIN_LEVELS:
         return Correlation(r, NAN, NAN, len(rows), f"too few seeds ({min(levels)} level(s))")
-    rng = np.random.default_rng(seed)
-    w = np.ones((draws, len(rows)))
-    for code, n in zip(codes, levels, strict=True):
-        w *= rng.multinomial(n, np.full(n, 1 / n), size=draws)[:, code]
-    boots = np.arctanh(np.clip(_weighted_r(w, xs, ys, cells), -1 + 1e-12, 1 - 1e-12))
-    half = scipy_stats.t.ppf(0.5 + level / 2, min(levels) - 1) * np.nanstd(boots, ddof=1)
     z = np.arctanh(np.clip(r, -1 + 1e-12, 1 - 1e-12))
-    return Correlation(
-        r, float(np.tanh(z - half)), float(np.tanh(z + half)), len(rows), "pigeonhole z"
-    )
+    t = scipy_stats.t.ppf(0.5 + level / 2, min(levels) - 1)
+    rng = np.random.default_rng(seed)
+    boots = np.empty(0)
+    while True:
+        w = np.ones((draws - boots.size, len(rows)))
+        for code, n in zip(codes, levels, strict=True):
+            w *= rng.multinomial(n, np.full(n, 1 / n), size=len(w))[:, code]
+        drawn = np.arctanh(np.clip(_weighted_r(w, xs, ys, cells), -1 + 1e-12, 1 - 1e-12))
+        boots = np.concatenate([boots, drawn])
+        sd = np.nanstd(boots, ddof=1)
+        lo, hi = float(np.tanh(z - t * sd)), float(np.tanh(z + t * sd))
+        se_z = t * sd / np.sqrt(2 * (np.sum(np.isfinite(boots)) - 1))  # of a standard deviation
+        lo_se, hi_se = float((1 - lo**2) * se_z), float((1 - hi**2) * se_z)
+        decided = side_word(lo, hi, lo_se, hi_se) != "undecided" or not np.isfinite(lo + hi)
+        if decided or draws >= MAX_BOOTSTRAPS:
+            return Correlation(r, lo, hi, len(rows), "pigeonhole z", lo_se, hi_se)
+        draws = min(2 * draws, MAX_BOOTSTRAPS)

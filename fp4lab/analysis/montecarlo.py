@@ -1,21 +1,25 @@
 """Monte Carlo error of interval ends computed from draws, and the words read off them.
 
-Generalized intervals (`crossed`) are quantiles of random draws, so their ends move with the
+Generalized intervals (`crossed`) are quantiles of random draws, and bootstrap intervals
+(`intervals.bootstrap_ci`, `ratio_ci`) are computed from resamples, so their ends move with the
 Monte Carlo seed. Each end gets a standard error; a word ("higher", "lower", "no evidence")
 is given only when its deciding end is `MC_SES` standard errors clear of 0, so that the words
-do not depend on the Monte Carlo seed.
+do not depend on the Monte Carlo seed. Where an interval is remade batch by batch
+(`batched_ends`), batches are added until its word is decided or a cap is reached.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["MC_SES", "Ends", "quantile_ends", "side_word"]
+__all__ = ["MC_SES", "BATCHES", "Ends", "batched_ends", "more_draws", "quantile_ends", "side_word"]
 
 MC_SES = 3  # a word needs its deciding end this many Monte Carlo standard errors from 0
 NAN = float("nan")
+BATCHES = (4, 64)  # `batched_ends`: the first and the most independent batches
 
 
 class Ends(NamedTuple):
@@ -92,3 +96,59 @@ def side_word(lo: float, hi: float, lo_se: float = 0.0, hi_se: float = 0.0) -> s
     if lo < -MC_SES * lo_se and hi > MC_SES * hi_se:
         return "no evidence"
     return "undecided"
+
+
+def batched_ends(batch: Callable[[int], tuple[float, float]], batches=BATCHES) -> Ends:
+    """An interval's ends as the mean over independent Monte Carlo batches, with the standard
+    error of that mean; batches are added (doubling) until `side_word` decides or a cap.
+
+        lo = mean_k lo_k,  lo_se = sd_k(lo_k) / sqrt(K)      (the same for hi)
+
+    Each batch is a whole interval remade from its own seed (e.g. a BCa bootstrap of its own
+    resamples), so the standard error covers every part of it that moves with the seed (BCa's
+    bias correction as well as its quantiles). An end that is the same in every batch (a
+    degenerate or infinite end) has standard error 0. A word still "undecided" at the cap
+    stays "undecided" in the tables.
+
+    Args:
+      batch: batch(k) -> (lo, hi), the interval from batch k's own seed (k = 0, 1, ...).
+      batches: (first, cap) numbers of batches.
+    Returns:
+      Ends(lo, hi, lo_se, hi_se).
+    """
+    first, cap = batches
+    ends = [batch(k) for k in range(first)]
+    while True:
+        e = np.asarray(ends, np.float64)  # (K, 2)
+        with np.errstate(invalid="ignore"):
+            mean = e.mean(0)
+            same = np.all(e == e[0], axis=0) | np.all(np.isnan(e), axis=0)
+            spread = e.std(0, ddof=1) / np.sqrt(len(e)) if len(e) > 1 else np.full(2, NAN)
+            se = np.where(same, 0.0, spread)  # one batch: the error is unknown (NaN)
+        lo, hi, lo_se, hi_se = (float(v) for v in (*mean, *se))
+        settled = np.isnan(lo) or np.isnan(hi) or (lo_se == 0 and hi_se == 0)  # more won't move
+        if settled or len(ends) >= cap or side_word(lo, hi, lo_se, hi_se) != "undecided":
+            return Ends(lo, hi, lo_se, hi_se)
+        ends += [batch(k) for k in range(len(ends), min(2 * len(ends), cap))]
+
+
+def more_draws(make: Callable[[int], tuple], draws: int, cap: int):
+    """`make(draws)` again with 4 times the draws while its word is "undecided" and the draws
+    stay within `cap`: an interval whose deciding end is within `MC_SES` Monte Carlo standard
+    errors of 0 is redrawn until it is decided or the cap says more draws cost too much.
+
+    Args:
+      make: make(draws) -> an interval with fields lo, hi, lo_se, hi_se.
+      draws: the first number of draws. cap: the most draws.
+    Returns:
+      The last interval made.
+    """
+    interval = make(draws)
+    while draws * 4 <= cap and np.isfinite([interval.lo, interval.hi]).all():
+        if side_word(interval.lo, interval.hi, interval.lo_se, interval.hi_se) != "undecided":
+            break
+        if interval.lo_se == 0 and interval.hi_se == 0:  # a closed form: draws change nothing
+            break
+        draws *= 4
+        interval = make(draws)
+    return interval

@@ -6,8 +6,8 @@ folder's tables) and writes a single file that opens offline: styles inline, eve
 base64 PNG in an <img> tag, no scripts, fonts or links to fetch. Its sections:
 
     Runs          what was run: experiments, cells, seeds, failures
-    Cells         per cell: divergence rate (Wilson), loss gap (seeds as random effects),
-                  tokens to target (BCa bootstrap), overhead against the baseline recipe
+    Cells         per cell: divergence rate (exact), loss gap (seeds as random effects),
+                  tokens to target (order statistics), overhead against the baseline recipe
     What matters  `analysis.verdict` (cells against the seed streams) for the loss gap (and
                   divergence, when some runs diverged)
     Tables        the experiment's own tables: every `<name>.csv` at the top of the results
@@ -59,15 +59,16 @@ figcaption { color: #555; font-size: 0.9em; }
 
 _METHODS = [
     "Only runs with status “ok” give outcomes; failed runs are counted in every table.",
-    "Divergence rate: diverged / n with a Wilson score interval.",
+    "Divergence rate: diverged / n with an exact (Clopper-Pearson) interval.",
     "Loss gap: final loss − the task's exact optimum, mean over seeds; runs with a non-finite "
     "loss are counted, not averaged; seeds are random effects: a t-interval over seed triples "
     "(i, i, i), a generalized interval over each stream's levels when the streams are crossed; "
     "no interval below 3 levels.",
     "Tokens to target: median over seeds, a run that never reaches the target counts as "
-    "infinitely many tokens (so “never” when more than half never reach); overhead = ratio to "
-    "the baseline − 1, the cell and its baseline resampled independently; BCa bootstrap "
-    "(percentile where some runs never reach).",
+    "infinitely many tokens (so “never” when more than half never reach), its interval from "
+    "order statistics; overhead = ratio of the geometric means of the cell's and the "
+    "baseline's runs − 1, with Welch's t-interval on the logs (none where some runs never "
+    "reach).",
     "What matters: cells as fixed effects (each pair, paired on the seeds they share), seed "
     "streams as crossed random effects: a stream's own SD (its main effect and two-way "
     "interactions, judged by an exact F-test) beside its re-draw SD (own + the term all "

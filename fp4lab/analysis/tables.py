@@ -3,12 +3,13 @@
 Reads only the results store's two tables (`fp4lab.analysis.frames`), never the training code.
 Every estimate comes with an interval:
 
-    proportions (divergence rate)          Wilson score interval
+    proportions (divergence rate)          Clopper-Pearson (exact) interval
     a mean over seeds (loss gap)           seeds as crossed random effects (`crossed`): t for
                                            seed triples (i, i, i), generalized when crossed
     a difference between two cells         the same, over the seeds the two cells share
-    a median over seeds (tokens)           BCa bootstrap over runs (percentile with inf),
-                                           seeded; runs assumed independent (seed triples)
+    a median over seeds (tokens)           order statistics (distribution-free)
+    an overhead against a baseline         ratio of geometric means, Welch t on the logs;
+                                           runs assumed independent (seed triples)
 
 Only runs with status "ok" give outcomes; every table counts the others. A run that never
 reaches the target counts as needing infinitely many tokens: it is never silently dropped.
@@ -27,13 +28,15 @@ from fp4lab.analysis.columns import require
 from fp4lab.analysis.factors import design_factors
 from fp4lab.analysis.frames import ok_runs
 from fp4lab.analysis.intervals import (
-    Interval,
+    MCInterval,
     Stat,
     bootstrap_ci,
+    exact_binomial_interval,
+    log_ratio_interval,
     median_interval,
     ratio_ci,
-    wilson_interval,
 )
+from fp4lab.analysis.montecarlo import more_draws, side_word
 from fp4lab.schema import STREAMS
 
 __all__ = [
@@ -44,9 +47,13 @@ __all__ = [
     "retarget",
     "tokens_to_target",
     "default_baseline",
+    "fixed_rows",
+    "with_family",
 ]
 
 BASELINE_RECIPES = ("bf16", "fp32", "fp8")  # default overhead baseline: the first one swept
+FIXED = ["term", "effect", "lo", "hi", "lo_mcse", "hi_mcse", "verdict"]  # `fixed_rows`
+MAX_DRAWS_FACTOR = 16  # paired_difference: an undecided word is redrawn up to this many times
 NAN = float("nan")
 
 
@@ -57,7 +64,7 @@ def _groups(runs: pd.DataFrame, by: Sequence[str]) -> Iterable[tuple[dict, pd.Da
 
 
 def divergence_rate(runs: pd.DataFrame, by: Sequence[str] = ("cell",), *, level=0.95):
-    """Fraction of runs that diverged per group, with a Wilson interval.
+    """Fraction of runs that diverged per group, with an exact (Clopper-Pearson) interval.
 
     rate = diverged / n over the runs with status "ok" (a failed run is neither a divergence nor
     a success: it is counted in `failed` and left out of n).
@@ -73,7 +80,7 @@ def divergence_rate(runs: pd.DataFrame, by: Sequence[str] = ("cell",), *, level=
         ok = ok_runs(g)
         div = ok["diverged"].astype(bool)
         kind = ok["divergence_kind"].astype(str)
-        rate = wilson_interval(int(div.sum()), len(ok), level)
+        rate = exact_binomial_interval(int(div.sum()), len(ok), level)
         rows.append(
             key
             | dict(n=len(ok), failed=len(g) - len(ok), diverged=int(div.sum()))
@@ -166,7 +173,9 @@ def paired_difference(
       DataFrame with `by`, pairs, diff, diff_lo, diff_hi, diff_mcse (the larger Monte Carlo
       standard error of the two ends), and `verdict`: "higher" or "lower" when the interval
       excludes 0, "no evidence" when it contains 0 (an effect may still be there), each only
-      with the deciding end `crossed.MC_SES` standard errors clear of 0 (else "undecided"),
+      with the deciding end `crossed.MC_SES` standard errors clear of 0; where it is not, the
+      interval is redrawn with 4 times the draws (`montecarlo.more_draws`) up to
+      `MAX_DRAWS_FACTOR` times `draws`, and then "undecided",
       "too few seeds" (fewer than 3 levels of a paired stream, or nothing to pair
       on), "baseline" for the baseline itself.
     """
@@ -182,7 +191,11 @@ def paired_difference(
             rows[-1]["diff_mcse"] = NAN
             rows[-1]["verdict"] = "too few seeds"
             continue
-        ci = crossed.mean_interval(d, lay, level=level, draws=draws, seed=seed)
+        ci = more_draws(
+            lambda n: crossed.mean_interval(d, lay, level=level, draws=n, seed=seed),  # noqa: B023
+            draws,
+            MAX_DRAWS_FACTOR * draws,
+        )
         if name == baseline:
             verdict = "baseline"
         elif not (np.isfinite(ci.lo) and np.isfinite(ci.hi)):
@@ -218,15 +231,22 @@ def tokens_to_target(
     """Tokens to reach the target loss per group and the overhead against a baseline.
 
         tokens   = stat over seeds of T,  T = tokens_to_target, or +inf when never reached
-        overhead = tokens / tokens_baseline - 1      (Cim et al. 2026, Table 1: +8 % = 0.08)
+        overhead = exp(mean log T - mean log T_baseline) - 1   (a ratio of geometric means;
+                   Cim et al. 2026, Table 1, print overheads as +8 % = 0.08)
 
     Never-reached runs stay in as +inf: the median is finite while more than half of the seeds
     reach the target, and is inf ("never") otherwise; `never` counts them. Intervals: the median's
     from order statistics (`median_interval`: distribution-free, at least `level`; [min, max]
-    at 6-8 seeds; none below 6), another `stat`'s a bootstrap over seeds (`bootstrap_ci`); the
-    overhead resamples the group and its baseline independently (`ratio_ci`; its coverage at
-    8 seeds per group is simulated in tests/analysis/test_tokens_coverage.py). The baseline
-    group compared with itself has overhead exactly 0.
+    at 6-8 seeds; none below 6), another `stat`'s a bootstrap over seeds (`bootstrap_ci`, with
+    its Monte Carlo error in `tokens_mcse`; 0 for the median's). The overhead's is Welch's
+    t-interval on the logs of the two groups' runs (`log_ratio_interval`: no Monte Carlo
+    error; its coverage on bimodal crossings at 8 runs per group is simulated in
+    tests/analysis/test_tokens_coverage.py). Where some but not all runs of a group or its
+    baseline never reach, the geometric mean is inf and the overhead is the ratio of medians
+    with `ratio_ci`'s interval (percentile, Monte Carlo error in `overhead_mcse`; not
+    coverage-tested, read as optimistic); every run never reaching gives inf. The baseline
+    group compared with itself has overhead exactly 0. Each overhead interval is at `level` on
+    its own (`family` 1).
 
     Args:
       by: grouping columns (default one group per sweep cell).
@@ -234,11 +254,15 @@ def tokens_to_target(
         {by[0]: baseline}. None: no overhead columns.
       match: columns on which each group is compared with the baseline runs that share its
         values (e.g. ("lr",): every recipe against the baseline at its own learning rate).
-      stat, n_boot, level, seed: as in `bootstrap_ci`.
+      stat, n_boot, level, seed: as in `bootstrap_ci` (the tokens column, and the overhead
+        where some runs never reach).
     Returns:
       DataFrame with the `by` columns and n, failed, no_target (runs without a target), reached,
-      never, tokens, tokens_lo, tokens_hi and, with a baseline, overhead, overhead_lo, overhead_hi
-      and baseline (True for the baseline group itself).
+      never, tokens, tokens_lo, tokens_hi, tokens_mcse and, with a baseline, overhead,
+      overhead_lo, overhead_hi, overhead_mcse, overhead_word ("higher" / "lower" when the
+      interval excludes 0, "no evidence" when it contains it, "undecided" within its Monte
+      Carlo error, "baseline", "no interval"), family (1) and baseline (True for the baseline
+      group itself).
     """
     if isinstance(baseline, str):
         baseline = {by[0]: baseline}
@@ -250,12 +274,13 @@ def tokens_to_target(
         ok = ok_runs(g)
         t = _tokens(ok)
         if stat is np.median:
-            ci = median_interval(t, level)
+            ci, mcse = median_interval(t, level), 0.0
         else:
             ci = bootstrap_ci(t, stat, n_boot=n_boot, level=level, seed=seed)
+            mcse = max(ci.lo_se, ci.hi_se)
         row = key | dict(n=len(ok), failed=len(g) - len(ok), no_target=len(ok) - len(t))
         row |= dict(reached=int(np.isfinite(t).sum()), never=int(np.isinf(t).sum()))
-        row |= dict(tokens=ci.estimate, tokens_lo=ci.lo, tokens_hi=ci.hi)
+        row |= dict(tokens=ci.estimate, tokens_lo=ci.lo, tokens_hi=ci.hi, tokens_mcse=mcse)
         if baseline is not None:
             sel = np.ones(len(ok_all), bool)
             for col, value in baseline.items():
@@ -264,14 +289,24 @@ def tokens_to_target(
                 sel &= (ok_all[col] == ok[col].iloc[0]).to_numpy() if len(ok) else False
             base = ok_all[sel]
             is_base = bool(len(base)) and set(base.index) == set(ok.index)
-            if is_base:
-                oh = Interval(0.0, 0.0, 0.0)
-            else:
-                oh = ratio_ci(t, _tokens(base), stat, n_boot=n_boot, level=level, seed=seed)
+            oh = _overhead(t, _tokens(base), is_base, level, n_boot, seed)
+            word = "no interval" if np.isnan([oh.lo, oh.hi]).any() else side_word(*oh[1:])
             row |= dict(overhead=oh.estimate, overhead_lo=oh.lo, overhead_hi=oh.hi)
-            row |= dict(baseline=is_base)
+            row |= dict(overhead_mcse=max(oh.lo_se, oh.hi_se))
+            row |= dict(overhead_word="baseline" if is_base else word, family=1, baseline=is_base)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _overhead(t, base, is_base: bool, level: float, n_boot: int, seed: int) -> MCInterval:
+    """The overhead of tokens t against the baseline's (see `tokens_to_target`)."""
+    if is_base:
+        return MCInterval(0.0, 0.0, 0.0)
+    some_never = np.isinf(t).any() or np.isinf(base).any()
+    if some_never and not (np.isinf(t).all() or np.isinf(base).all()):
+        # a geometric mean with never-reached runs is inf; the ratio of medians is not
+        return ratio_ci(t, base, np.median, n_boot=n_boot, level=level, seed=seed)
+    return MCInterval(*log_ratio_interval(t, base, level))
 
 
 def retarget(runs: pd.DataFrame, metrics: pd.DataFrame, series: str = "loss") -> pd.DataFrame:
@@ -349,3 +384,21 @@ def default_baseline(runs: pd.DataFrame) -> tuple[dict | None, list[str]]:
         c for c in design_factors(runs) if c not in baseline and base[c].astype(str).nunique() > 1
     ]
     return baseline, match
+
+
+def with_family(table: pd.DataFrame, family: int | None = None) -> pd.DataFrame:
+    """The table with a `family` column: how many intervals its Bonferroni level is shared
+    over (each row's level is 1 - (1 - level) / family), so that text quoting the table can
+    quote the family from it. Default: the `comparisons` a `verdicts.verdict` table counted
+    (its attrs); 1 for a table of intervals each at its own level."""
+    if family is None:
+        family = table.attrs["comparisons"]
+    return table.assign(family=int(family))
+
+
+def fixed_rows(verdict_table: pd.DataFrame) -> pd.DataFrame:
+    """The fixed rows of a `verdicts.verdict` table as the studies write them: term, effect,
+    lo, hi, the Monte Carlo errors of the ends (0 for a t-interval), verdict and family (the
+    rows of the whole verdict, random rows included, that its Bonferroni level covers)."""
+    fixed = verdict_table[verdict_table["kind"] == "fixed"][FIXED]
+    return with_family(fixed, verdict_table.attrs["comparisons"])

@@ -14,6 +14,10 @@ fp4lab compact RESULTS     a finished sweep's per-run files as one Parquet datas
 fp4lab export --tensorboard RESULTS [--out LOGDIR]
                            every run's metrics as TensorBoard scalars, one folder per run
                            (default LOGDIR: RESULTS/tensorboard)
+fp4lab replicate RESULTS --seeds-from N [--out DIR] [--workers N] [--executor local|ray]
+                           a finished study's cells on fresh seeds (every seed moved up by N,
+                           refused where it meets a seed the study used); its words on the
+                           fresh and the pooled seeds beside the committed ones (words.csv)
 fp4lab diagnose EXPERIMENT [--verify] [--out DIR]
                            which layers and GEMMs to keep in high precision (docs/diagnose.md)
 fp4lab formats | demo      the element formats; a tour of the toolkit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import fp4lab
-from fp4lab.cli import results, run
+from fp4lab.cli import replicate, results, run
 from fp4lab.cli.run import compile_cache_folder
 
 
@@ -35,6 +35,7 @@ EXAMPLES = """examples:
   fp4lab show results/quickstart                         the summary table
   fp4lab report results/quickstart                       one HTML page with tables and figures
   fp4lab export --tensorboard results/quickstart         every run's metrics for TensorBoard
+  fp4lab replicate results/quickstart --seeds-from 8     the study on fresh seeds: its words
   fp4lab formats                                         the element formats
   fp4lab run -h                                          the options of one command
 """
@@ -66,13 +67,25 @@ def number(kind: type, low: int):
     return parse
 
 
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse measures the commands' names without their indent, so a name of 9 letters
+    (`replicate`) would push its help to the next line: the indent is counted here."""
+
+    def add_argument(self, action):
+        super().add_argument(action)
+        if action.help is not argparse.SUPPRESS and hasattr(action, "add_parser"):
+            names = [len(name) for name in action.choices]
+            indented = max(names, default=0) + self._current_indent + self._indent_increment
+            self._action_max_length = max(self._action_max_length, indented)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the `fp4lab` command: every subcommand and option with its help."""
     parser = Parser(
         prog="fp4lab",
         description=fp4lab.__doc__.splitlines()[0],
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=Formatter,
     )
     parser.add_argument("--version", action="version", version=f"fp4lab {fp4lab.__version__}")
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
@@ -252,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", metavar="LOGDIR", help="where to write (default: RESULTS/tensorboard)"
     )
     export_parser.set_defaults(func=results.export)
+
+    replicate.add_parser(sub, number)
 
     from fp4lab.diagnose import command as diagnose_command  # the standard library only
 

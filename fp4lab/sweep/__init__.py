@@ -17,6 +17,7 @@
     failures     why runs fail, in one line: before they run (--dry-run traces) and after
     records      atomic writes, checked reads, bad entries skipped with a warning
     reproduction reproduce(folder, run_id): one stored run again, bit for bit
+    fresh        replicate(folder, seeds_from): a finished study on fresh seeds, its words
     own          fp4lab.own: your model, loss and data from Python (train, sweep)
 
 The trainer is reached only inside `compute_cell`; the rest runs without flax. The names the

@@ -8,6 +8,7 @@ from fp4lab.sweep.experiment import ExperimentError as ExperimentError
 from fp4lab.sweep.experiment import load_experiment as load_experiment
 from fp4lab.sweep.experiment import parse_overrides as parse_overrides
 from fp4lab.sweep.experiment import seed_triples as seed_triples
+from fp4lab.sweep.fresh import replicate as replicate
 from fp4lab.sweep.records import CorruptRecord as CorruptRecord
 from fp4lab.sweep.records import StoreError as StoreError
 from fp4lab.sweep.reproduction import ReproductionError as ReproductionError

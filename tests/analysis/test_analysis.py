@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 
 from fp4lab import analysis
+from fp4lab.analysis.montecarlo import side_word
 
 RECIPES = ("bf16", "nvfp4", "mxfp4")
 RULES = ("all", "last-bf16")
@@ -131,7 +132,8 @@ def test_divergence_rate_counts_failed_runs_apart():
     table = analysis.divergence_rate(runs, by=("recipe",)).set_index("recipe")
     assert table.loc["mxfp4", ["n", "diverged", "spike", "failed"]].tolist() == [8, 3, 3, 0]
     assert table.loc["bf16", ["n", "failed", "diverged"]].tolist() == [7, 1, 0]
-    p, lo, hi = analysis.wilson_interval(3, 8)
+    ci = stats.binomtest(3, 8).proportion_ci(method="exact")  # the exact interval, scipy's
+    p, lo, hi = 3 / 8, ci.low, ci.high
     assert table.loc["mxfp4", ["rate", "rate_lo", "rate_hi"]].tolist() == pytest.approx([p, lo, hi])
     assert table.loc["mxfp4", "median_divergence_step"] == 50.0
 
@@ -216,13 +218,13 @@ def test_ratio_ci_covers_a_known_ratio_of_medians():
     hits = 0
     for i in range(200):
         a, b = np.exp(rng.normal(0.2, 0.3, 8)), np.exp(rng.normal(0.0, 0.3, 8))
-        iv = analysis.ratio_ci(a, b, np.median, seed=i, n_boot=1000)
+        iv = analysis.ratio_ci(a, b, np.median, seed=i, n_boot=1000, batches=(1, 1))
         hits += iv.lo <= np.exp(0.2) - 1 <= iv.hi
     assert hits / 200 >= 0.90
     # infinite values (never reached): the percentile interval, still an interval
     iv = analysis.ratio_ci([5, 6, np.inf, 5.5, 6.2], [4, 5, 4.5, 5.2, 4.8])
     assert iv.estimate == pytest.approx(0.25) and 0 < iv.lo < 0.25 and iv.hi == np.inf
-    assert analysis.ratio_ci([5, 5, 5], [4, 4, 4]) == (0.25, 0.25, 0.25)
+    assert analysis.ratio_ci([5, 5, 5], [4, 4, 4])[:3] == (0.25, 0.25, 0.25)
     assert np.isnan(analysis.ratio_ci([5, 6], [4, 5, 6]).lo)  # < 3 values: no interval
 
 
@@ -244,6 +246,12 @@ def test_tokens_to_target_overhead_and_never():
     # 4 of 6 never: the median is "never", and so is the overhead, not a finite number
     nv = table.loc["nvfp4,0.01"]
     assert nv["never"] == 4 and nv["tokens"] == np.inf and nv["overhead"] == np.inf
+    # 1 of 6 never reaches: the ratio of medians, its bootstrap ends with their Monte Carlo error
+    nv = table.loc["nvfp4,0.001"]
+    assert np.isfinite(nv["overhead"]) and nv["overhead_hi"] == np.inf
+    assert nv["overhead_word"] == side_word(nv["overhead_lo"], np.inf, nv["overhead_mcse"], 0)
+    assert mx["overhead_word"] == "higher" and base["overhead_word"] == "baseline"
+    assert (table["family"] == 1).all()
 
 
 def test_tokens_to_target_without_a_target_is_not_never():
@@ -333,4 +341,4 @@ def test_layer_order_is_natural():
 def test_bootstrap_of_a_median_of_tied_values_still_has_an_interval():
     # BCa's jackknife of a median over ties is degenerate (NaN); the percentile interval stands in
     iv = analysis.bootstrap_ci([76288, 76288, 76288, 68096], np.median)
-    assert iv == (76288.0, 68096.0, 76288.0)
+    assert iv == (76288.0, 68096.0, 76288.0, 0.0, 0.0)  # every batch's ends the same

@@ -29,5 +29,5 @@ def test_link_cells_and_verdict_recompute_from_the_outcomes():
     assert len(runs) == 750 and runs["drift"].notna().all()
     assert _written(exp.link(runs)) == (FOLDER / "link.csv").read_text()
     assert _written(exp.cell_means(runs)) == (FOLDER / "cells.csv").read_text()
-    verdict = analysis.verdict(runs, "loss_gap_hp", baseline="nvfp4-no-sr")
+    verdict = analysis.with_family(analysis.verdict(runs, "loss_gap_hp", baseline="nvfp4-no-sr"))
     assert _written(verdict) == (FOLDER / "verdict.csv").read_text()

@@ -30,8 +30,7 @@ def test_late_switch_tables_recompute_from_the_records():
     runs = fl.load(FOLDER, metrics=False).runs
     assert len(runs) == 30 and (runs["status"] == "ok").all()
     v = analysis.verdict(runs, "loss_gap_hp", baseline="nvfp4")
-    late = v[v.kind == "fixed"][["term", "effect", "lo", "hi", "verdict"]]
-    assert _written(late) == (FOLDER / "late.csv").read_text()
+    assert _written(analysis.fixed_rows(v)) == (FOLDER / "late.csv").read_text()
     assert _written(exp.recovery_table(runs)) == (FOLDER / "recovery.csv").read_text()
 
 

@@ -1,0 +1,140 @@
+"""A finished study's cells again on fresh seeds, and which of its words survive them.
+
+    replicate("results/mxfp4_ladder_lm", seeds_from=8)
+
+re-runs every cell of the folder's experiment with every seed moved up by `seeds_from` (a cell
+of seed triples (i, i, i), i = 0..7, runs (8+i, 8+i, 8+i); a crossed cell keeps its design on
+new levels of each stream) into its own results folder, `<folder>_fresh<N>` by default, with
+the runner and store a sweep uses: finished runs are skipped, a killed replication resumes
+where it stopped, any executor computes it. Seeds that any stream of the committed runs has
+already used are refused: a replication on seeds the study saw is no replication. Then the
+experiment file's `analyze(results)` runs on the fresh runs and on the committed and fresh runs
+pooled, and `analysis.replication.compare_words` reads every worded row against the committed
+table (the folder's CSV where it has one, else `analyze` of the committed runs).
+
+Writes into the fresh folder: the fresh tables (`<name>.csv`, as `fp4lab run` does),
+`pooled/<name>.csv`, and `words.csv` (table, row, committed, fresh, pooled, replication).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+
+from fp4lab.analysis.replication import compare_words
+from fp4lab.schema import STREAMS
+from fp4lab.sweep.compute import compute_cell
+from fp4lab.sweep.experiment import Experiment, ExperimentError, load_experiment, seed_triples
+from fp4lab.sweep.runner import run_experiment
+from fp4lab.sweep.store import Results, load
+
+__all__ = ["fresh_experiment", "replicate"]
+
+
+def fresh_experiment(experiment: Experiment, used: dict[str, set], seeds_from: int) -> Experiment:
+    """`experiment` with every seed of every cell moved up by `seeds_from`.
+
+    Raises:
+      ExperimentError: a moved seed of some stream is one the committed runs used (`used`:
+        {stream: seeds}); the message names the stream and the first free start.
+    """
+    if isinstance(seeds_from, bool) or not isinstance(seeds_from, int) or seeds_from < 1:
+        raise ExperimentError(f"seeds_from={seeds_from!r}; must be an int >= 1")
+    cells = []
+    for cell in experiment.cells:
+        triples = seed_triples([tuple(s + seeds_from for s in t) for t in cell.seeds])
+        for i, stream in enumerate(STREAMS):
+            taken = sorted({t[i] for t in triples} & used.get(stream, set()))
+            if taken:
+                free = max(max(s) for s in used.values() if s) + 1
+                raise ExperimentError(
+                    f"seeds_from={seeds_from}: cell {cell.label!r} would rerun {stream} seeds "
+                    f"{taken[:5]} that the committed runs used; fresh seeds start at {free} "
+                    f"or later"
+                )
+        cells.append(dataclasses.replace(cell, seeds=triples))
+    return dataclasses.replace(experiment, cells=tuple(cells))
+
+
+def replicate(
+    folder: str | Path,
+    seeds_from: int,
+    *,
+    experiment: str | Path | None = None,
+    out: str | Path | None = None,
+    executor: str = "local",
+    workers: int = 1,
+    progress: bool = True,
+    compute=compute_cell,
+    **executor_options,
+) -> pd.DataFrame:
+    """Re-runs a finished study on fresh seeds and compares its words (module docstring).
+
+    Args:
+      folder: the committed results folder (experiment.json and its runs).
+      seeds_from: how far every seed moves up; must clear every seed the study used.
+      experiment: the experiment file (default: the path its manifest records).
+      out: the fresh results folder (default `<folder>_fresh<seeds_from>`).
+      executor, workers, progress, compute, executor_options: as `run_experiment`'s.
+    Returns:
+      The words table (also written to `<out>/words.csv`).
+    Raises:
+      ExperimentError: no experiment file, the file no longer asks for the committed runs, a
+        file without analyze(results), or seeds that overlap the committed ones.
+    """
+    folder = Path(folder)
+    committed = load(folder)
+    manifest = committed.experiment or {}
+    path = Path(experiment or manifest.get("path", ""))
+    if not manifest or not path.is_file():
+        raise ExperimentError(
+            f"{folder}: its experiment file {str(path) or '(none recorded)'} is not there; "
+            "give experiment="
+        )
+    exp = load_experiment(path, overrides=manifest.get("overrides"))
+    if exp.analyze is None:
+        raise ExperimentError(f"{path}: no analyze(results): no tables whose words to compare")
+    asked = {r for c in exp.cells for r in c.run_ids()}
+    if not asked <= set(committed.runs["run_id"]):
+        raise ExperimentError(
+            f"{path} asks for runs that {folder} does not hold (the file changed, or the study "
+            "ran with other --seeds): finish or rerun the study first"
+        )
+    used = {s: set(committed.runs[f"seed_{s}"].astype(int)) for s in STREAMS}
+    fresh_exp = fresh_experiment(exp, used, seeds_from)
+    out = Path(out) if out is not None else folder.with_name(f"{folder.name}_fresh{seeds_from}")
+    counts = run_experiment(
+        fresh_exp,
+        out,
+        executor=executor,
+        workers=workers,
+        progress=progress,
+        compute=compute,
+        **executor_options,
+    )
+    if counts["failed"]:
+        raise ExperimentError(f"{out}: {counts['failed']} fresh run(s) failed; rerun to retry")
+    fresh = load(out)
+    pooled = Results(
+        out,
+        pd.concat([committed.runs, fresh.runs], ignore_index=True),
+        pd.concat([committed.metrics, fresh.metrics], ignore_index=True),
+        manifest,
+    )
+    tables = {"fresh": exp.analyze(fresh), "pooled": exp.analyze(pooled)}
+    (out / "pooled").mkdir(exist_ok=True)
+    for name in tables["fresh"]:
+        tables["fresh"][name].to_csv(out / f"{name}.csv", index=False, float_format="%.5g")
+        tables["pooled"][name].to_csv(
+            out / "pooled" / f"{name}.csv", index=False, float_format="%.5g"
+        )
+    on_file = {n: folder / f"{n}.csv" for n in tables["fresh"]}
+    if all(p.is_file() for p in on_file.values()):
+        before = {n: pd.read_csv(p) for n, p in on_file.items()}
+    else:
+        before = exp.analyze(committed)
+    words = compare_words(before, tables["fresh"], tables["pooled"])
+    words.to_csv(out / "words.csv", index=False)
+    return words

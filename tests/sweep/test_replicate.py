@@ -1,0 +1,132 @@
+"""`fl.replicate` / `fp4lab replicate`: a finished study's cells on fresh seeds, its words on
+the fresh and the pooled seeds beside the committed ones; resumable (also after kill -9),
+refusing seeds the study used."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+from fakes import fake_compute, kill_after_records  # tests/fakes.py
+
+import fp4lab as fl
+from fp4lab import cli
+from fp4lab.sweep import experiment, runner
+
+STUDY = """
+from fp4lab import analysis
+from fp4lab.train.config import Config
+
+SEEDS = 4
+
+
+def get_config():
+    return Config(task="markov", vocab=16, d_model=16, n_layers=1, n_heads=2, d_ff=32,
+                  seq_len=8, batch_size=4, steps=STEPS, lr=3e-3, warmup=0, eval_batches=1,
+                  seed_batch=1)
+
+
+def sweep(add):
+    add(recipe="bf16")
+    add(recipe="nvfp4")
+
+
+def analyze(results):
+    v = analysis.verdict(results.runs, "loss_gap", baseline="recipe=bf16")
+    return {"paired": analysis.fixed_rows(v)}
+"""
+
+
+def study(folder, steps=3):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "study.py"
+    path.write_text(textwrap.dedent(STUDY).replace("STEPS", str(steps)))
+    return path
+
+
+def planted(config, seeds):
+    """fake_compute with NVFP4 0.5 above BF16 and a seed-to-seed spread."""
+    out = fake_compute(config, seeds)
+    for row, s in zip(out, seeds, strict=True):
+        gap = 0.5 * (config["recipe"] == "nvfp4") + 0.05 * ((7 * sum(s)) % 5)
+        row["summary"] |= {"loss_gap": gap, "final_loss": gap}
+    return out
+
+
+def committed(tmp_path, compute=planted):
+    path = study(tmp_path / "exp")
+    folder = tmp_path / "results" / "study"
+    exp = experiment.load_experiment(path)
+    runner.run_experiment(exp, folder, compute=compute, progress=False)
+    for name, table in exp.analyze(fl.load(folder)).items():  # as `fp4lab run` writes them
+        table.to_csv(folder / f"{name}.csv", index=False, float_format="%.5g")
+    return folder
+
+
+def test_words_on_fresh_and_pooled_seeds_and_a_rerun_computes_nothing(tmp_path):
+    folder = committed(tmp_path)
+    words = fl.replicate(folder, 4, compute=planted, progress=False)
+    assert list(words.columns) == ["table", "row", "committed", "fresh", "pooled", "replication"]
+    row = words.set_index("row").loc["recipe=nvfp4 - recipe=bf16"]
+    assert (row["committed"], row["fresh"], row["pooled"]) == ("higher",) * 3
+    assert row["replication"] == "replicated"
+    out = tmp_path / "results" / "study_fresh4"
+    fresh = fl.load(out).runs
+    assert sorted(set(fresh["seed_init"])) == [4, 5, 6, 7] and len(fresh) == 8
+    assert (fresh["seed_init"] == fresh["seed_quant"]).all()  # the design kept: (i, i, i)
+    assert pd.read_csv(out / "words.csv").equals(words)
+    assert (out / "paired.csv").is_file() and (out / "pooled" / "paired.csv").is_file()
+    pooled = pd.read_csv(out / "pooled" / "paired.csv")
+    assert pooled["family"].iloc[0] == 3  # 1 contrast + 2 cells' seed rows, 8 seeds each
+    calls = []
+    again = fl.replicate(folder, 4, compute=lambda c, s: calls.append(s) or planted(c, s))
+    assert calls == [] and again.equals(words)  # finished runs are never recomputed
+
+
+def test_seeds_the_study_used_are_refused(tmp_path):
+    folder = committed(tmp_path)
+    for start in (1, 3):
+        with pytest.raises(experiment.ExperimentError, match="that the committed runs used"):
+            fl.replicate(folder, start, compute=planted, progress=False)
+    assert not (tmp_path / "results" / "study_fresh3").exists()
+
+
+def test_a_word_that_fresh_seeds_do_not_give_is_not_replicated():
+    committed = {"t": pd.DataFrame(dict(term=["a", "b", "c"], verdict=["higher"] * 3))}
+    fresh = {
+        "t": pd.DataFrame(
+            dict(term=["a", "b", "c"], verdict=["higher", "no evidence"] * 1 + ["lower"])
+        )
+    }
+    pooled = {
+        "t": pd.DataFrame(dict(term=["a", "b", "c"], verdict=["higher", "higher", "no evidence"]))
+    }
+    words = fl.analysis.replication.compare_words(committed, fresh, pooled)
+    assert words["replication"].tolist() == ["replicated", "only pooled", "not replicated"]
+
+
+@pytest.mark.slow  # subprocesses that train
+def test_the_command_resumes_after_kill_9_and_refuses_used_seeds(tmp_path, capsys):
+    path = study(tmp_path / "exp", steps=3)
+    folder = tmp_path / "results" / "study"
+    env = os.environ | {"JAX_PLATFORMS": "cpu"}
+    run = ["run", str(path), "--out", str(folder), "--quiet", "--no-figures"]
+    assert cli.main(run) == 0
+    argv = ["replicate", str(folder), "--seeds-from", "4", "--quiet"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fp4lab.cli", *argv], env=env, stderr=subprocess.PIPE
+    )
+    out = tmp_path / "results" / "study_fresh4"
+    before = kill_after_records(proc, out / "runs")
+    assert 2 <= len(before) < 8, "the replication must be killed mid-run"
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    shown = capsys.readouterr().out
+    assert "recipe=nvfp4 - recipe=bf16" in shown and "replicat" in shown
+    after = {f.name: f.read_bytes() for f in (out / "runs").glob("*.json")}
+    assert len(after) == 8 and all(after[n] == data for n, data in before.items())
+    assert pd.read_csv(out / "words.csv")["committed"].notna().all()
+    assert cli.main(["replicate", str(folder), "--seeds-from", "2", "--quiet"]) == 2
+    assert "that the committed runs used" in capsys.readouterr().err
