@@ -223,13 +223,46 @@ _KEPT = """def kept(base, hp, *gemms):  # recipe `base` with these GEMMs in `hp`
 
 def rules_source(rule_list) -> str:
     """`rules`' list as Python text that evaluates to it (`import fp4lab as fl` first): one rule
-    a line, a layer kept in part written as `kept(base, hp, *gemms)` (defined in the text)."""
+    a line, a layer kept in part written as `kept(base, hp, *gemms)` (defined in the text).
+    A recipe registered at run time (an experiment file's `fl.recipes.register`) is registered
+    again at the top under its name, so the text runs on its own and keeps the names."""
     lines = ["rules = ["]
     for path, recipe in rule_list:
         lines.append(f"    fl.Rule({_pattern_source(path)}, {_recipe_source(recipe)}),")
     lines.append("]")
     text = "\n".join(lines)
-    return (_KEPT + text) if "kept(" in text else text
+    text = (_KEPT + text) if "kept(" in text else text
+    registered = _registered(rule_list)
+    if registered:
+        text = (
+            "".join(
+                f"fl.recipes.register({_string(n)}, fl.GemmRecipe.from_dict({r.to_dict()!r}))\n"
+                for n, r in registered.items()
+            )
+            + ("\n\n" if text.startswith("def") else "\n")
+            + text
+        )
+    return text
+
+
+def _registered(rule_list) -> dict:
+    """{name: recipe} of the run-time registered recipes the rules name (not built-ins)."""
+    out = {}
+    for _, recipe in rule_list:
+        if recipe is None:
+            continue
+        name = recipe if isinstance(recipe, str) else (recipe.name or "").partition("+")[0]
+        for n in (name, *(c.split("=", 1)[1] for c in _changes(recipe))):
+            if n in recipes.names() and recipes.builtin_name(recipes.get(n)) != n:
+                out[n] = recipes.get(n)
+    return out
+
+
+def _changes(recipe) -> list[str]:
+    """The "+gemm=hp" parts of a kept recipe's name."""
+    if isinstance(recipe, str) or not recipe.name:
+        return []
+    return [c for c in recipe.name.split("+")[1:] if "=" in c]
 
 
 def _pattern_source(path: str) -> str:
@@ -259,4 +292,5 @@ def _recipe_source(recipe) -> str:
         expected = recipes.override(recipes.get(base), dict.fromkeys(parts, value))
         if expected == recipe:
             return f"kept({', '.join(map(_string, (base, value, *parts)))})"
-    return f"fl.GemmRecipe.from_dict({recipe.to_dict()!r})"
+    value = f"fl.GemmRecipe.from_dict({recipe.to_dict()!r})"
+    return f"{value}.replace(name={_string(recipe.name)})" if recipe.name else value

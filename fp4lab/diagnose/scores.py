@@ -41,7 +41,16 @@ import pandas as pd
 from fp4lab.analysis.intervals import t_interval
 from fp4lab.schema import GEMMS
 
-__all__ = ["SCORES", "DEFAULT", "sample_rows", "summarize", "agreement", "rank", "tied_at_top"]
+__all__ = [
+    "SCORES",
+    "SHARES",
+    "DEFAULT",
+    "sample_rows",
+    "summarize",
+    "agreement",
+    "rank",
+    "tied_at_top",
+]
 
 SCORES = (
     "own_error",
@@ -58,6 +67,8 @@ SCORES = (
     "removed_update_loss",
     "removed_step_loss",
 )
+# scores that are shares of one step's loss decrease: drawn on one scale, (0, 1), for every model
+SHARES = ("alone_update_loss", "alone_step_loss", "removed_update_loss", "removed_step_loss")
 DEFAULT = "alone_step_loss"  # the ranking score, validated on planted models (docs/diagnose.md)
 _LANE = {"fprop": "y", "dgrad": "dx", "wgrad": "dw"}
 

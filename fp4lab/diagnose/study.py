@@ -71,7 +71,8 @@ class Diagnosis:
         return "import fp4lab as fl\n\n" + ("\n" if body.startswith("def") else "") + body + "\n"
 
     def figure(self):
-        return sensitivity_heatmap(self.table, self.score, self.chosen)
+        scale = (0.0, 1.0) if self.score in scores.SHARES else None
+        return sensitivity_heatmap(self.table, self.score, self.chosen, scale=scale)
 
     @property
     def summary(self) -> str:

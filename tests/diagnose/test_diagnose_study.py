@@ -190,3 +190,58 @@ def test_verify_trains_the_sets_and_reports_the_gap_they_close(tmp_path):
     assert set(kept["cell"]) == {"top-k", *draws, "last-blocks"}
     top = kept[kept["cell"] == "top-k"]
     assert list(zip(top["layer"], top["gemm"], strict=True)) == d.chosen
+
+
+MINE = """
+fl.recipes.register("mine-fp4", fl.recipes.get("nvfp4").replace(backward="dequantized"))
+_base = get_config
+
+
+def get_config():
+    return _base().replace(rules=(("c", None),))
+"""
+
+
+def test_the_file_s_recipes_and_rules_are_honoured_and_stage_1_shows_progress(tmp_path, capsys):
+    path = _file(tmp_path)
+    path.write_text(path.read_text() + MINE)
+    out = tmp_path / "out"
+    argv = ["diagnose", str(path), "--out", str(out), "--recipe", "mine-fp4", "--checkpoints",
+            "0,10", "--batches", "2", "--quant-seeds", "2", "--exclude", "b"]  # fmt: skip
+    try:
+        assert cli.main(argv) == 0
+        err = capsys.readouterr().err
+        # the first estimate comes after the first sample, before the rest are measured
+        assert re.search(r"stage 1: 1/8 samples in \d+ s \(compile included\); the rest about", err)
+        assert "stage 1: 8/8" not in err and "stage 1: 2/8 samples" in err
+        table = pd.read_csv(out / "ranking.csv")
+        assert set(table["layer"]) == {"a"}  # b excluded, c kept by the file's rule
+        summary = (out / "summary.txt").read_text()
+        assert "Left in high precision and out of the diagnosis: b, c." in summary
+        source = (out / "rules.py").read_text()
+    finally:
+        fl.recipes.unregister("mine-fp4")
+    scope = {}
+    exec(source, scope)  # registers mine-fp4 again: the text runs on its own, names kept
+    try:
+        rules = scope["rules"]
+        assert [(r.path, r.recipe) for r in rules[:2]] == [("b", None), ("c", None)]
+        model = fl.quantize_model(_Net(nnx.Rngs(0)), rules, key=jax.random.key(0))
+        names = fl.describe(model).set_index("path")["recipe"]
+        assert names["a"].startswith("mine-fp4") and names["b"] == "-"
+    finally:
+        fl.recipes.unregister("mine-fp4")
+
+
+class _Net(nnx.Module):
+    def __init__(self, rngs):
+        self.a, self.b = nnx.Linear(16, 32, rngs=rngs), nnx.Linear(32, 16, rngs=rngs)
+        self.c, self.d = nnx.Linear(16, 16, rngs=rngs), nnx.Linear(16, 16, rngs=rngs)
+
+
+def test_a_time_budget_stops_stage_1_and_says_so(tmp_path, capsys):
+    d = fl.diagnose(experiment=_file(tmp_path), checkpoints=(0, 10), batches=3, quant_seeds=3,
+                    time_budget=1e-3)  # fmt: skip
+    assert (d.table["samples"] == 2).all() and d.planned == 18  # one round: at least one
+    assert "The time budget stopped it after 2 of 18 samples." in d.summary
+    assert "ends it after 2 of 18 samples" in capsys.readouterr().err
