@@ -131,13 +131,20 @@ def _stage2(d) -> str:
     took = f"{d.verify_s:.0f} s"
     if d.trained_s > d.verify_s + 1:
         took += f" in this call; its runs took {d.trained_s:.0f} s, partly earlier"
-    parts.append(f"Stage 2 ({took}, {pairs} paired seeds): FP4-to-{hp} gap on eval_hp {mean:.3g}.")
-    own = d.gap_own_total[0]
+    own, own_lo, own_hi, _ = d.gap_own_total
+    parts.append(
+        f"Stage 2 ({took}, {pairs} paired seeds): the FP4-to-{hp} gap is {mean:.3g} "
+        f"{_interval(lo, hi)} on eval_hp (held out, high-precision forward) and {own:.3g} "
+        f"{_interval(own_lo, own_hi)} on eval_loss (the runs' own forward)."
+    )
     if _disagree(mean, own):
         parts.append(
-            f"Under the runs' own forward (eval_loss) the gap is {own:.3g}: the two losses "
-            "disagree, so the FP4 gap the sets close is mostly "
-            + ("in the weights, not in the forward." if abs(mean) > abs(own) else "forward error.")
+            "The two losses disagree: "
+            + (
+                "FP4 hurts the trained weights more than the loss under its own forward shows."
+                if abs(mean) > abs(own)
+                else "most of the FP4 gap is the quantized forward's own error, not the weights'."
+            )
         )
     parts.append(
         "Share of the gap closed: "

@@ -1,5 +1,6 @@
 """fl.diagnose and `fp4lab diagnose` end to end on a tiny model with one planted sensitive GEMM."""
 
+import dataclasses
 import re
 
 import jax
@@ -180,6 +181,13 @@ def test_verify_trains_the_sets_and_reports_the_gap_they_close(tmp_path):
     assert gap.loc["random-k", "gap_closed"] == pytest.approx(gap.loc[draws, "gap_closed"].mean())
     assert list(d.gap_own["cell"]) == list(gap.index) and "eval_loss" in d.gap_own
     assert "random-k (3 draws" in d.summary and "the draws from" in d.summary
+    stage2 = d.summary.split("\n\n")[1]
+    assert "on eval_hp (held out, high-precision forward)" in stage2 and "on eval_loss" in stage2
+    unresolved = dataclasses.replace(d, gap_hp=(0.001, -0.002, 0.004, 4))
+    stage2 = unresolved.summary.split("\n\n")[1]
+    assert stage2.startswith("The FP4-to-bf16 gap on eval_hp is not resolved (0.001, [-0.002, ")
+    apart = dataclasses.replace(d, gap_own_total=(d.gap_hp[0] / 10, 0.0, 1.0, 4))
+    assert "The two losses disagree: FP4 hurts the trained weights more" in apart.summary
     assert gap.loc["top-k", "lo"] <= gap.loc["top-k", "gap_closed"] <= gap.loc["top-k", "hi"]
     # the planted Wgrad kept in BF16 closes most of the gap; random GEMMs do not
     assert gap.loc["top-k", "gap_closed"] > 0.5 > gap.loc["random-k", "gap_closed"]
