@@ -139,6 +139,8 @@ def main(args) -> int:
         print(f"fp4lab diagnose: error: {message}", file=sys.stderr)
         return 2
     shown = ["rank", "layer", "gemm", d.score, f"{d.score}_lo", f"{d.score}_hi", "flop_share"]
+    if d.table[f"{d.score}_lo"].isna().all():  # fewer than 3 samples: said in the summary
+        shown = [c for c in shown if not c.endswith(("_lo", "_hi"))]
     print(d.table[shown].head(10).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     print(f"\n# kept in {d.hp}: {d.share:.1%} of GEMM FLOPs (budget {d.budget:.1%})")
     print(d.rules_source)
