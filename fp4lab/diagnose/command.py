@@ -41,6 +41,22 @@ def _positive(kind):
     return parse
 
 
+def _seconds(text: str) -> float | None:
+    """ "10m", "90s", "1h", "600" (seconds) or "none" (no time budget)."""
+    if text.strip().lower() == "none":
+        return None
+    units = {"s": 1, "m": 60, "h": 3600}
+    scale = units.get(text.strip()[-1:].lower(), 1)
+    number = text.strip()[:-1] if text.strip()[-1:].lower() in units else text.strip()
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = None
+    if value is None or not value > 0:
+        raise argparse.ArgumentTypeError(f"need a time such as 10m, 90s, 1h or none, got {text!r}")
+    return value
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     """Adds the `diagnose` subcommand to the subparsers `sub`."""
     p = sub.add_parser("diagnose", help=HELP, description=HELP)
@@ -48,12 +64,35 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="outputs (default: results/<file>-diagnose)")
     p.add_argument("--recipe", default="nvfp4", help="the FP4 recipe (default nvfp4)")
     p.add_argument("--hp", default="bf16", help="the recipe of kept GEMMs (default bf16)")
-    p.add_argument("--score", default="removed_grad_rel", help="the ranking score")
+    p.add_argument("--score", default=None, help="the ranking score (default alone_step_loss)")
     p.add_argument(
         "--budget",
         type=_positive(float),
         default=0.1,
         help="share of GEMM FLOPs kept in high precision (default 0.1)",
+    )
+    p.add_argument(
+        "--target",
+        type=_positive(float),
+        default=0.9,
+        help="the other set offered: the cheapest predicted to close this share of the gap "
+        "(default 0.9)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=_seconds,
+        default=600.0,
+        metavar="TIME",
+        help="time for stage 1, e.g. 10m, 90s or none: it measures as many samples as fit "
+        "(default 10m)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="layers (path regex) kept in high precision and out of the diagnosis (repeatable; "
+        "the file's rules with recipe None are kept too)",
     )
     p.add_argument(
         "--checkpoints",
@@ -73,7 +112,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="stage 2: train the sets and compare")
     p.add_argument("--verify-steps", type=_positive(int), metavar="N", help="steps of stage 2")
     p.add_argument("--verify-seeds", type=_positive(int), default=4, help="seeds of stage 2")
-    p.add_argument("--quiet", action="store_true", help="no progress bar in stage 2")
+    p.add_argument(
+        "--random-draws", type=_positive(int), default=3, help="random sets of stage 2 (default 3)"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines or bar")
     p.set_defaults(func=main)
     return p
 
@@ -82,9 +124,12 @@ def main(args) -> int:
     """Runs the diagnosis of `args` and prints the ranking, the rules and the summary."""
     out = Path(args.out or Path("results") / f"{Path(args.experiment).stem}-diagnose")
     try:
-        names = ("recipe", "hp", "score", "budget", "checkpoints", "batches", "quant_seeds")
-        names += ("verify", "verify_steps", "verify_seeds")
+        names = ("recipe", "hp", "budget", "target", "checkpoints", "batches", "quant_seeds")
+        names += ("time_budget", "verify", "verify_steps", "verify_seeds", "random_draws")
         options = {name: getattr(args, name) for name in names}
+        options["exclude"] = tuple(args.exclude)
+        if args.score is not None:
+            options["score"] = args.score
         options["config"] = package.parse_overrides(args.set or ()) or None
         d = package.diagnose(
             experiment=args.experiment, out=out, progress=not args.quiet, **options
@@ -94,9 +139,14 @@ def main(args) -> int:
         print(f"fp4lab diagnose: error: {message}", file=sys.stderr)
         return 2
     shown = ["rank", "layer", "gemm", d.score, f"{d.score}_lo", f"{d.score}_hi", "flop_share"]
+    if d.table[f"{d.score}_lo"].isna().all():  # fewer than 3 samples: said in the summary
+        shown = [c for c in shown if not c.endswith(("_lo", "_hi"))]
     print(d.table[shown].head(10).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    print(f"\n# kept in {d.hp}: {d.share:.1%} of GEMM FLOPs")
+    print(f"\n# kept in {d.hp}: {d.share:.1%} of GEMM FLOPs (budget {d.budget:.1%})")
     print(d.rules_source)
+    if len(d.skipped):
+        print("# ranked above a kept GEMM, left out by the budget:")
+        print(d.skipped.to_string(index=False, float_format=lambda x: f"{x:.4g}") + "\n")
     if d.gap is not None:
         print(d.gap.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
         print()

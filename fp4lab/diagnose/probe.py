@@ -57,11 +57,18 @@ def variants(n_sites: int) -> np.ndarray:
 class Probe:
     """The task's model under `recipe`, gated, and its one compiled measuring program."""
 
-    def __init__(self, task: Task, recipe, keys: dict, *, chunk: int = 16):
+    def __init__(
+        self, task: Task, recipe, keys: dict, *, step=("adamw", 1e-3, 1e-8), exclude=(),
+        chunk: int = 16,
+    ):  # fmt: skip
         """task: a `fp4lab.train.tasks.Task`; recipe: the quantized recipe (name or value);
         keys: the streams (`make_keys`) whose init builds the model and whose data gives the
-        batch traced for shapes. chunk: variants vectorized at a time."""
+        batch traced for shapes. step: (optimizer, lr, eps) of `step_loss` (`step_of`).
+        exclude: path regexes left unquantized (no gates). chunk: variants vectorized at a
+        time."""
         self.task, self.recipe = task, recipes.get(recipe)
+        self.step = step
+        self.rules = _rules(self.recipe, exclude)
         self.chunk = chunk
         self.model = self._model(keys, jax.random.fold_in(keys["quant"], 0))
         self.trace = gate.attach(self.model, task.loss, eval_batch(task, keys, 0))
@@ -72,7 +79,7 @@ class Probe:
 
     def _model(self, keys, qkey):
         model = init_model(self.task, keys)
-        quantize_model(model, [Rule(".*", self.recipe)], key=qkey)
+        quantize_model(model, self.rules, key=qkey)
         return gate.gate_model(model)
 
     def rest_for(self, keys, quant_key) -> nnx.State:
@@ -89,14 +96,27 @@ class Probe:
         """How many times the measuring program was traced (one per compile)."""
         return self._traces
 
-    def measure(self, params, rest, batch, gates: np.ndarray) -> tuple[dict, float]:
-        """({metric: (V, ...) numpy}, shadow loss) of the variants `gates` (V, 3 * sites)."""
+    def measure(self, params, rest, batch, gates: np.ndarray) -> tuple[dict, dict]:
+        """({metric: (V, ...) numpy}, {"loss", "step"}: the shadow's loss and its `step_loss`)
+        of the variants `gates` (V, 3 * sites)."""
         gates = jnp.asarray(gates, jnp.float32)
-        out, loss = self._measure(params, rest, batch, gates)
-        return {k: np.asarray(v) for k, v in out.items()}, float(loss)
+        out, shadow = self._measure(params, rest, batch, gates)
+        return {k: np.asarray(v) for k, v in out.items()}, {k: float(v) for k, v in shadow.items()}
+
+    def _step_loss(self, params, rest, batch, grads, loss):
+        """The shadow forward's loss after one first optimizer step along `grads`, less `loss`."""
+        kind, lr, eps = self.step
+        if kind == "adamw":
+            moved = jax.tree.map(lambda p, g: p - lr * g / (jnp.abs(g) + eps), params, grads)
+        else:
+            moved = jax.tree.map(lambda p, g: p - lr * g, params, grads)
+        model = nnx.merge(self.graphdef, moved, jax.tree.map(lambda a: a, rest))
+        gate.set_gates(model, jnp.zeros(3 * len(self.sites), jnp.float32))
+        return self.task.loss(model, batch) - loss
 
     def _outputs(self, params, rest, batch, gates):
-        """(loss, flat gradient, {kind: [per-site tensors]}) of one gate vector."""
+        """(loss, flat gradient, {kind: [per-site tensors]}, Param gradients) of one gate
+        vector."""
         # the model's own copies of the state: merge may reuse the state's variables, and the
         # gates, counters, outputs and taps are written below (each call from the same keys)
         model = nnx.merge(self.graphdef, params, jax.tree.map(lambda a: a, rest))
@@ -116,16 +136,17 @@ class Probe:
             for kind, name in lanes.items():
                 a = getattr(op, name)[...]
                 tensors[kind].append(a[site.row] if op.stacked else a)
-        return loss, flat, tensors
+        return loss, flat, tensors, g_params
 
     def _program(self, params, rest, batch, gates):
         self._traces += 1
         zeros = jnp.zeros(gates.shape[-1], jnp.float32)
-        loss_s, g_s, t_s = self._outputs(params, rest, batch, zeros)
+        loss_s, g_s, t_s, tree_s = self._outputs(params, rest, batch, zeros)
         norm2 = jnp.maximum(jnp.vdot(g_s, g_s), jnp.finfo(jnp.float32).tiny)
+        shadow = {"loss": loss_s, "step": self._step_loss(params, rest, batch, tree_s, loss_s)}
 
         def one(params, rest, row):
-            loss, g, t = self._outputs(params, rest, batch, row)
+            loss, g, t, tree = self._outputs(params, rest, batch, row)
             out = {
                 k: jnp.stack([relative_drift(a, b) for a, b in zip(t[k], t_s[k], strict=True)])
                 for k in KINDS
@@ -134,6 +155,7 @@ class Probe:
             out["grad_rel"] = relative_drift(g, g_s)
             out["grad_cos"] = cosine(g, g_s)
             out["update_loss"] = 1 - jnp.vdot(g_s, g) / norm2
+            out["step_loss"] = self._step_loss(params, rest, batch, tree, loss_s)
             return out
 
         # chunks of rows under vmap, one after another under scan; the weights ride in the
@@ -148,7 +170,12 @@ class Probe:
             return carry, jax.vmap(one, in_axes=(None, None, 0))(params, rest, chunk)
 
         out = jax.lax.scan(body, (params, rest), rows)[1]
-        return {name: a.reshape(-1, *a.shape[2:])[:n] for name, a in out.items()}, loss_s
+        return {name: a.reshape(-1, *a.shape[2:])[:n] for name, a in out.items()}, shadow
+
+
+def step_of(cfg: Config) -> tuple[str, float, float]:
+    """(optimizer, lr, eps) of a config: the first step `step_loss` takes (its peak lr)."""
+    return cfg.optimizer, float(cfg.lr), float(cfg.eps)
 
 
 def lane(gemm: str) -> str:
@@ -156,13 +183,18 @@ def lane(gemm: str) -> str:
     return _LANE[gemm]
 
 
-def checkpoints(task: Task, cfg: Config, recipe, keys: dict, steps) -> list:
+def _rules(recipe, exclude) -> list[Rule]:
+    """Each pattern of `exclude` unquantized, then every other layer under `recipe`."""
+    return [*(Rule(path, None) for path in exclude), Rule(".*", recipe)]
+
+
+def checkpoints(task: Task, cfg: Config, recipe, keys: dict, steps, *, exclude=()) -> list:
     """The model's Params after each of `steps` optimizer steps (0: at initialization) of one
-    run under `recipe` on the task's training batches, with the config's optimizer: one
-    scanned program that keeps the weights at those steps."""
+    run under `recipe` (the layers of `exclude` unquantized) on the task's training batches,
+    with the config's optimizer: one scanned program that keeps the weights at those steps."""
     steps = sorted(set(int(s) for s in steps))
     model = init_model(task, keys)
-    quantize_model(model, [Rule(".*", recipe)], key=jax.random.fold_in(keys["quant"], 0))
+    quantize_model(model, _rules(recipe, exclude), key=jax.random.fold_in(keys["quant"], 0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(cfg)
     at = jnp.asarray(steps, jnp.int32)

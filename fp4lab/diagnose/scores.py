@@ -12,10 +12,19 @@ Every score is "higher = more sensitive", per sample (a checkpoint, a batch and 
     alone_grad_angle     1 - cos(g_v, g), the same
     alone_update_loss    share of one gradient step's first-order loss decrease lost
                          (1 - <g, g_v> / ||g||^2), the same
-    alone_loss           loss_v - loss (the forward's effect on the loss), the same
+    alone_step_loss      the share of one optimizer step's loss decrease (under the
+                         high-precision forward, on the batch) that a step along g_v loses:
+                         (step_v - step) / -step, step the shadow's own (`probe.Probe`: Adam's
+                         first step moves every weight by lr in the sign of its gradient, so
+                         an error on weights the loss does not feel costs nothing, and noise on
+                         weights it does costs their share), the same
+    alone_loss           loss_v - loss (the forward's effect on the loss), the same; negative
+                         where the quantized forward fits the batch better than the shadow
+                         (weights trained under FP4 have adapted to its rounding)
     removed_fwd          alone_fwd's measure of the all-FP4 model minus that of the model with
                          only this GEMM kept in high precision: the drift keeping it removes
-    removed_bwd, removed_grad_rel, removed_update_loss   the same for those measures
+    removed_bwd, removed_grad_rel, removed_update_loss, removed_step_loss   the same for
+                         those measures
 
 `summarize` gives each score's mean over the samples with a t-interval (the samples are
 treated as independent draws; they are a crossed design of checkpoints, batches and quant
@@ -32,7 +41,16 @@ import pandas as pd
 from fp4lab.analysis.intervals import t_interval
 from fp4lab.schema import GEMMS
 
-__all__ = ["SCORES", "sample_rows", "summarize", "agreement", "rank"]
+__all__ = [
+    "SCORES",
+    "SHARES",
+    "DEFAULT",
+    "sample_rows",
+    "summarize",
+    "agreement",
+    "rank",
+    "tied_at_top",
+]
 
 SCORES = (
     "own_error",
@@ -41,12 +59,17 @@ SCORES = (
     "alone_grad_rel",
     "alone_grad_angle",
     "alone_update_loss",
+    "alone_step_loss",
     "alone_loss",
     "removed_fwd",
     "removed_bwd",
     "removed_grad_rel",
     "removed_update_loss",
+    "removed_step_loss",
 )
+# scores that are shares of one step's loss decrease: drawn on one scale, (0, 1), for every model
+SHARES = ("alone_update_loss", "alone_step_loss", "removed_update_loss", "removed_step_loss")
+DEFAULT = "alone_step_loss"  # the ranking score, validated on planted models (docs/diagnose.md)
 _LANE = {"fprop": "y", "dgrad": "dx", "wgrad": "dw"}
 
 
@@ -58,18 +81,20 @@ def _mean_finite(a: np.ndarray) -> np.ndarray:
         return np.where(ok, a, 0).sum(-1) / ok.sum(-1)
 
 
-def sample_rows(out: dict, shadow_loss: float, sites, sample: dict) -> pd.DataFrame:
+def sample_rows(out: dict, shadow: dict, sites, sample: dict) -> pd.DataFrame:
     """One row per layer and GEMM of one sample: its scores (module docstring).
 
     Args:
       out: `Probe.measure`'s metrics of `probe.variants(len(sites))`.
-      shadow_loss: the shadow's loss on the batch.
+      shadow: the shadow's loss on the batch and its step's change (`Probe.measure`).
       sites: `Probe.sites`. sample: columns naming the sample (checkpoint, batch, quant).
     """
     n = len(sites)
     k = 3 * n
     fwd, bwd = _mean_finite(out["y"]), _mean_finite(out["dy"])
     angle = 1 - out["grad_cos"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        step = (out["step_loss"] - shadow["step"]) / -shadow["step"]
     rows = []
     for i, site in enumerate(sites):
         for j, gemm in enumerate(GEMMS):
@@ -82,11 +107,13 @@ def sample_rows(out: dict, shadow_loss: float, sites, sample: dict) -> pd.DataFr
                 "alone_grad_rel": out["grad_rel"][a],
                 "alone_grad_angle": angle[a],
                 "alone_update_loss": out["update_loss"][a],
-                "alone_loss": out["loss"][a] - shadow_loss,
+                "alone_step_loss": step[a],
+                "alone_loss": out["loss"][a] - shadow["loss"],
                 "removed_fwd": fwd[0] - fwd[kept],
                 "removed_bwd": bwd[0] - bwd[kept],
                 "removed_grad_rel": out["grad_rel"][0] - out["grad_rel"][kept],
                 "removed_update_loss": out["update_loss"][0] - out["update_loss"][kept],
+                "removed_step_loss": step[0] - step[kept],
             }
             rows.append(row)
     return pd.DataFrame(rows)
@@ -121,8 +148,19 @@ def rank(table: pd.DataFrame, score: str) -> pd.DataFrame:
     Fprop, Dgrad, Wgrad), with a 1-based `rank` column."""
     if score not in SCORES:
         raise ValueError(f"score {score!r}; allowed: {', '.join(SCORES)}")
-    order = table.assign(_g=table["gemm"].map(GEMMS.index))
+    order = table.drop(columns="rank", errors="ignore").assign(_g=table["gemm"].map(GEMMS.index))
     order = order.sort_values([score, "depth", "_g"], ascending=[False, True, True], kind="stable")
     order = order.drop(columns="_g").reset_index(drop=True)
     order.insert(0, "rank", np.arange(1, len(order) + 1))
     return order
+
+
+def tied_at_top(ranked: pd.DataFrame, score: str) -> int | None:
+    """How many of `rank`'s first entries cannot be told from the first: the last position
+    whose interval's upper end reaches the first's lower end (1: the first stands apart).
+    None when the first has no interval (fewer than 3 samples)."""
+    lo = ranked[f"{score}_lo"].iloc[0]
+    if not np.isfinite(lo):
+        return None
+    reach = np.flatnonzero(ranked[f"{score}_hi"].to_numpy(np.float64) >= lo)
+    return int(reach.max()) + 1 if reach.size else 1

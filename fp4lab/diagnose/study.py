@@ -21,17 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from fp4lab.analysis.plots.sensitivity import sensitivity_heatmap
 from fp4lab.core import recipes
-from fp4lab.diagnose import choose, probe, scores, verify
-from fp4lab.schema import GEMMS
+from fp4lab.diagnose import choose, probe, report, scores, stage1, verify
 from fp4lab.sweep import own
 from fp4lab.sweep.experiment import load_experiment
 from fp4lab.train.config import Config
-from fp4lab.train.tasks import eval_batch, make_task
+from fp4lab.train.tasks import make_task
 from fp4lab.train.trainer import make_keys
 
 __all__ = ["Diagnosis", "diagnose", "sets_table"]
@@ -47,14 +45,24 @@ class Diagnosis:
     score: str  # the score that ranks
     chosen: list  # [(layer, gemm)] recommended for high precision
     share: float  # their share of GEMM FLOPs
+    budget: float  # the FLOP share the recommended set was chosen within
+    skipped: pd.DataFrame  # ranked above a chosen GEMM, left out by the budget (`choose.skipped`)
+    target: float  # the predicted share of the FP4 gap `reaching` aims at
+    reaching: list  # [(layer, gemm)]: the cheapest set predicted to reach `target`
     rules: list  # [(path regex, recipe)] for quantize_model / Config.rules
     recipe: Any
     hp: Any
     stage1_s: float  # wall seconds of stage 1 (checkpoints, measurements, scores)
     compiles: int  # traces of stage 1's measuring program (one serves every variant)
+    planned: int = 0  # samples of stage 1's full design; fewer ran when its time budget ended
+    excluded: tuple = ()  # path patterns kept out of the diagnosis (high precision throughout)
     gap: pd.DataFrame | None = None  # stage 2: share of the FP4-to-hp gap each cell closes
+    gap_own: pd.DataFrame | None = None  # the same on eval_loss (the runs' own forward)
     versus: pd.DataFrame | None = None  # stage 2: top-k against random-k and last-blocks
+    gap_hp: tuple | None = None  # stage 2: the FP4-to-hp gap on eval_hp (mean, lo, hi, pairs)
+    gap_own_total: tuple | None = None  # the same on eval_loss (the runs' own forward)
     verify_s: float = 0.0
+    trained_s: float = 0.0  # stage 2: the training runs' own seconds (a resumed call: earlier)
     sets: dict = dataclasses.field(default_factory=dict)  # stage 2's sets: {cell: [(l, g)]}
 
     @property
@@ -63,16 +71,18 @@ class Diagnosis:
         return "import fp4lab as fl\n\n" + ("\n" if body.startswith("def") else "") + body + "\n"
 
     def figure(self):
-        return sensitivity_heatmap(self.table, self.score, self.chosen)
+        scale = (0.0, 1.0) if self.score in scores.SHARES else None
+        return sensitivity_heatmap(self.table, self.score, self.chosen, scale=scale)
 
     @property
     def summary(self) -> str:
-        return _summary(self)
+        return report.summary(self)
 
     def write(self, out: str | Path) -> list[Path]:
-        """ranking.csv, samples.csv, agreement.csv, rules.py, sensitivity.png, summary.txt
-        (and after stage 2 sets.csv: the GEMMs each cell kept, verify.csv, versus.csv) in the
-        folder `out`."""
+        """ranking.csv, samples.csv, agreement.csv, rules.py, sensitivity.png, summary.txt,
+        skipped.csv (when the budget left out a higher-ranked GEMM), and after stage 2 sets.csv
+        (the GEMMs each cell kept), verify.csv (each cell's share of the gap on eval_hp, and
+        with `_own` on eval_loss), versus.csv, in the folder `out`."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         paths = {name: out / name for name in ("ranking.csv", "samples.csv", "agreement.csv")}
@@ -82,9 +92,13 @@ class Diagnosis:
         if self.sets:
             paths["sets.csv"] = out / "sets.csv"
             sets_table(self.sets).to_csv(paths["sets.csv"], index=False)
+        if len(self.skipped):
+            paths["skipped.csv"] = out / "skipped.csv"
+            self.skipped.to_csv(paths["skipped.csv"], index=False)
         if self.gap is not None:
             paths["verify.csv"] = out / "verify.csv"
-            self.gap.to_csv(paths["verify.csv"], index=False)
+            both = self.gap.merge(self.gap_own, on="cell", suffixes=("", "_own"))
+            both.to_csv(paths["verify.csv"], index=False)
             paths["versus.csv"] = out / "versus.csv"
             self.versus.to_csv(paths["versus.csv"], index=False)
         paths["rules.py"] = out / "rules.py"
@@ -124,18 +138,36 @@ def _fields(config) -> dict:
     return dict(config)
 
 
-def _check(recipe, hp, score, budget, checkpoints, batches, quant_seeds) -> None:
-    recipes.get(recipe)  # an unknown name raises, listing the known ones
-    recipes.get(hp)
+def _check(score, budget, checkpoints, batches, quant_seeds, target, time_budget, draws) -> None:
     if score not in scores.SCORES:
         raise ValueError(f"diagnose: score={score!r}; allowed: {', '.join(scores.SCORES)}")
     if not 0 < budget <= 1:
         raise ValueError(f"diagnose: budget={budget!r}; need a share of GEMM FLOPs in (0, 1]")
     if not checkpoints or any(isinstance(c, bool) or int(c) != c or c < 0 for c in checkpoints):
         raise ValueError(f"diagnose: checkpoints={checkpoints!r}; need steps >= 0")
-    for name, n in (("batches", batches), ("quant_seeds", quant_seeds)):
+    for name, n in (("batches", batches), ("quant_seeds", quant_seeds), ("random_draws", draws)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"diagnose: {name}={n!r}; need an int >= 1")
+    if not 0 < target <= 1:
+        raise ValueError(f"diagnose: target={target!r}; need a share of the gap in (0, 1]")
+    if time_budget is not None and not time_budget > 0:
+        raise ValueError(f"diagnose: time_budget={time_budget!r}; need seconds > 0 or None")
+
+
+def _recipes(recipe, hp) -> None:
+    """Unknown names raise, listing the known ones (an experiment file's registered recipes
+    among them: call this after loading it)."""
+    recipes.get(recipe)
+    recipes.get(hp)
+
+
+def _excluded(cfg: Config, exclude) -> tuple[str, ...]:
+    """The path patterns diagnose leaves in high precision: `exclude`, then those of the
+    config's rules that keep a layer in high precision (recipe None)."""
+    if isinstance(exclude, str):
+        exclude = (exclude,)
+    own_rules = tuple(path for path, recipe in cfg.rules if recipe is None)
+    return tuple(dict.fromkeys((*exclude, *own_rules)))
 
 
 def diagnose(
@@ -150,11 +182,15 @@ def diagnose(
     checkpoints=(0, 50, 100),
     batches: int = 3,
     quant_seeds: int = 3,
-    score: str = "removed_grad_rel",
+    time_budget: float | None = 600.0,
+    score: str = scores.DEFAULT,
     budget: float = 0.1,
+    target: float = 0.9,
+    exclude=(),
     verify: bool = False,
     verify_steps: int | None = None,
     verify_seeds: int = 4,
+    random_draws: int = 3,
     out: str | Path | None = None,
     level: float = 0.95,
     progress: bool = True,
@@ -167,127 +203,98 @@ def diagnose(
       model, loss, batch: your task (`fp4lab.own`: model(config, rngs), loss(model, batch),
         batch(key, step) or batch(config, key, step)); `task_options` (eval_batch, floor,
         tokens_per_step, data) as `fl.own.task`. Or:
-      experiment: an experiment file (its get_config() and model, built-in or its own).
+      experiment: an experiment file (its get_config() and model, built-in or its own; the
+        recipes it registers can be named).
       config: the Config (or overrides of the experiment's base): model sizes, batch size,
-        optimizer; its recipe, gemms, rules and phases are replaced by the diagnosis' own.
+        optimizer; its recipe, gemms and phases are replaced by the diagnosis' own, and of its
+        rules those that keep a layer in high precision (recipe None) are kept (`exclude`).
       recipe: the FP4 recipe diagnosed. hp: the high-precision recipe kept GEMMs get.
       checkpoints: optimizer steps of the short run (under `recipe`) whose weights are
         measured (clipped to config.steps). batches: held-out batches per checkpoint.
         quant_seeds: quantization seeds per batch.
+      time_budget: seconds for stage 1: the rounds of samples (`fp4lab.diagnose.stage1`) stop
+        when the next would pass it (None: all batches x quant_seeds rounds).
       score: the ranking score (`fp4lab.diagnose.scores.SCORES`). budget: the share of GEMM
-        FLOPs the recommended set may keep in high precision.
+        FLOPs the recommended set may keep in high precision. target: the predicted share of
+        the FP4 gap the other set offered (`choose.reaching`) reaches at the least FLOPs.
+      exclude: path regexes of layers left in high precision and out of the diagnosis.
       verify: run stage 2 (`fp4lab.diagnose.verify`) for `verify_steps` steps (default the
-        config's) on `verify_seeds` (>= 4) seed triples into `out`/verify.
+        config's) on `verify_seeds` (>= 4) seed triples into `out`/verify, with
+        `random_draws` random sets.
       out: a folder for the outputs (`Diagnosis.write`); required with verify.
-      level: coverage of every interval. progress: the sweep's progress display (stage 2).
+      level: coverage of every interval. progress: progress lines of stage 1 (stderr) and
+        the sweep's display in stage 2.
     Returns:
       A `Diagnosis`.
     Raises:
       ValueError: a bad argument (the message names it).
     """
-    _check(recipe, hp, score, budget, checkpoints, batches, quant_seeds)
+    _check(score, budget, checkpoints, batches, quant_seeds, target, time_budget, random_draws)
     if verify and out is None:
         raise ValueError("diagnose: verify writes its runs into a results folder; pass out=...")
     cfg = _config(model, loss, batch, experiment, config, task_options)
+    _recipes(recipe, hp)
+    excluded = _excluded(cfg, exclude)
     steps = sorted({min(int(c), cfg.steps) for c in checkpoints})
     start = time.perf_counter()
     task = make_task(cfg)
     keys = make_keys(0, 0, 0)
-    measurer = probe.Probe(task, recipe, keys)
-    weights = probe.checkpoints(task, cfg, recipe, keys, steps)
-    rests = [measurer.rest_for(keys, k) for k in probe.quant_keys(range(quant_seeds))]
-    gates = probe.variants(len(measurer.sites))
-    rows = []
-    for step, params in zip(steps, weights, strict=True):
-        for b in range(batches):
-            data = eval_batch(task, keys, b)
-            for q, rest in enumerate(rests):
-                out_b, shadow = measurer.measure(params, rest, data, gates)
-                sample = {"checkpoint": step, "batch": b, "quant": q}
-                rows.append(scores.sample_rows(out_b, shadow, measurer.sites, sample))
-    samples = pd.concat(rows, ignore_index=True)
-    table = scores.rank(scores.summarize(samples, measurer.sites, level=level), score)
+    measurer = probe.Probe(task, recipe, keys, step=probe.step_of(cfg), exclude=excluded)
+    weights = probe.checkpoints(task, cfg, recipe, keys, steps, exclude=excluded)
+    measured = stage1.measure(
+        measurer, keys, weights, steps, batches=batches, quant_seeds=quant_seeds,
+        time_budget=time_budget, progress=progress, spent=time.perf_counter() - start,
+    )  # fmt: skip
+    table = scores.rank(scores.summarize(measured.samples, measurer.sites, level=level), score)
     chosen = choose.top(table, budget)
     result = Diagnosis(
         table=table,
-        samples=samples,
+        samples=measured.samples,
         agreement=scores.agreement(table),
         score=score,
         chosen=chosen,
         share=choose.share(table, chosen),
-        rules=choose.rules(chosen, recipe, hp),
+        budget=budget,
+        skipped=choose.skipped(table, chosen),
+        target=target,
+        reaching=choose.reaching(table, target, score),
+        rules=choose.rules(chosen, recipe, hp, keep=excluded),
         recipe=recipe,
         hp=hp,
         stage1_s=time.perf_counter() - start,
         compiles=measurer.compiles(),
+        planned=measured.planned,
+        excluded=excluded,
     )
     if verify:
-        _verify(result, cfg, verify_steps, verify_seeds, Path(out) / "verify", level, progress)
+        folder = Path(out) / "verify"
+        _verify(result, cfg, verify_steps, verify_seeds, random_draws, folder, level, progress)
     if out is not None:
         result.write(out)
     return result
 
 
-def _verify(result: Diagnosis, cfg, steps, seeds, folder, level, progress) -> None:
+def _verify(result: Diagnosis, cfg, steps, seeds, draws, folder, level, progress) -> None:
     start = time.perf_counter()
     table, share = result.table, result.share
-    result.sets = {
-        "top-k": result.chosen,
-        "random-k": choose.at_random(table, share, seed=0),
-        "last-blocks": choose.last(table, share),
-    }
-    sets = {k: choose.rules(v, result.recipe, result.hp) for k, v in result.sets.items()}
+    last = choose.last(table, share)
+    randoms = choose.random_sets(table, share, draws, avoid=(result.chosen, last))
+    result.sets = {"top-k": result.chosen}
+    result.sets |= {verify.random_label(j): kept for j, kept in enumerate(randoms)}
+    result.sets["last-blocks"] = last
+    keep = result.excluded
+    sets = {k: choose.rules(v, result.recipe, result.hp, keep=keep) for k, v in result.sets.items()}
     base = cfg if steps is None else cfg.replace(steps=int(steps))
-    overrides = verify.cells(result.recipe, result.hp, sets)
+    overrides = verify.cells(result.recipe, result.hp, sets, keep=keep)
     runs = verify.run(base, overrides, seeds=seeds, out=folder, progress=progress)
-    gap = verify.gap_table(runs, level=level)
-    gap["flop_share"] = gap["cell"].map(
-        {"fp4": 0.0, "hp": 1.0} | {k: choose.share(table, v) for k, v in result.sets.items()}
-    )
-    result.gap, result.versus = gap, verify.versus(runs, level=level)
+    shares = {"fp4": 0.0, "hp": 1.0} | {k: choose.share(table, v) for k, v in result.sets.items()}
+    shares["random-k"] = sum(choose.share(table, v) for v in randoms) / len(randoms)
+    result.gap = verify.gap_table(runs, level=level)
+    result.gap_own = verify.gap_table(runs, outcome="eval_loss", level=level)
+    for frame in (result.gap, result.gap_own):
+        frame["flop_share"] = frame["cell"].map(shares)
+    result.gap_hp = verify.gap(runs, level=level)
+    result.gap_own_total = verify.gap(runs, outcome="eval_loss", level=level)
+    result.versus = verify.versus(runs, level=level)
     result.verify_s = time.perf_counter() - start
-
-
-def _pct(x: float) -> str:
-    return "n/a" if not np.isfinite(x) else f"{100 * x:.0f} %"
-
-
-def _summary(d: Diagnosis) -> str:
-    t = d.table
-    first = t.iloc[0]
-    n = t["samples"].iloc[0]
-    names = [f"{layer} {gemm.capitalize()}" for layer, gemm in d.chosen]
-    hp = d.hp if isinstance(d.hp, str) else getattr(d.hp, "name", "high precision")
-    agree = d.agreement[d.score].drop(d.score).dropna().sort_values(ascending=False)
-    by_gemm = t.groupby("gemm")[d.score].mean().reindex(list(GEMMS))
-    text = (
-        f"Stage 1 ({n} samples: checkpoints x batches x quant seeds; {d.stage1_s:.0f} s, "
-        f"{d.compiles} compile(s) for {len(t) * 2 + 2} variants) ranks by {d.score}: first "
-        f"{first['layer']} {first['gemm'].capitalize()} ({first[d.score]:.3g}, "
-        f"[{first[d.score + '_lo']:.3g}, {first[d.score + '_hi']:.3g}]); by GEMM the mean is "
-        + ", ".join(f"{g.capitalize()} {v:.3g}" for g, v in by_gemm.items())
-        + f". Keeping {', '.join(names)} in {hp} costs {d.share:.1%} of GEMM FLOPs. "
-        f"Agreement with {d.score} (Spearman): "
-        + ", ".join(f"{k} {v:.2f}" for k, v in agree.items())
-        + "."
-    )
-    if d.gap is not None:
-        g = d.gap.set_index("cell")
-        closed = [
-            f"{c} {_pct(g.loc[c, 'gap_closed'])} [{_pct(g.loc[c, 'lo'])}, {_pct(g.loc[c, 'hi'])}]"
-            for c in ("top-k", "random-k", "last-blocks")
-        ]
-        v = d.versus.set_index("against")
-        beats = v.loc["random-k", "verdict"] == "lower"
-        text += (
-            f" Stage 2 ({d.verify_s:.0f} s, {int(g.loc['fp4', 'pairs'])} paired seeds): share of "
-            f"the FP4-to-{hp} gap on eval_hp closed: "
-            + "; ".join(closed)
-            + ". "
-            + ("The ranking beats random-k" if beats else "The ranking does not beat random-k")
-            + f" (top-k - random-k eval_hp {v.loc['random-k', 'diff']:.3g}, "
-            f"[{v.loc['random-k', 'diff_lo']:.3g}, {v.loc['random-k', 'diff_hi']:.3g}]: "
-            f"{v.loc['random-k', 'verdict']}); against last-blocks: "
-            f"{v.loc['last-blocks', 'verdict']}."
-        )
-    return text
+    result.trained_s = float(runs["wall_s"].astype(float).sum()) if "wall_s" in runs else 0.0

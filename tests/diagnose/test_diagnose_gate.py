@@ -99,7 +99,9 @@ def test_one_compile_serves_every_variant_checkpoint_batch_and_quant_seed():
     assert shadow == shadow_again
     for k in first:
         np.testing.assert_array_equal(first[k], again[k])
-    assert first["loss"][-1] == shadow
+    assert first["loss"][-1] == shadow["loss"]
+    assert first["step_loss"][-1] == pytest.approx(shadow["step"], rel=1e-4, abs=1e-7)
+    assert shadow["step"] < 0  # one Adam step on the batch lowers its loss
     for k in ("y", "dx", "dw", "dy", "grad_rel"):  # float rounding of the batched program
         assert np.all(first[k][-1] < 1e-6), k
     assert p.compiles() == 2  # one more: the variants' count is part of the program's shape

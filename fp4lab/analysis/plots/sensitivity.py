@@ -1,4 +1,5 @@
-"""Which GEMMs to keep in high precision: a layer x GEMM heatmap of a sensitivity score."""
+"""Which GEMMs to keep in high precision: a layer x GEMM heatmap of a sensitivity score, beside
+the first entries of the ranking with their intervals, on one scale."""
 
 from __future__ import annotations
 
@@ -16,10 +17,18 @@ __all__ = ["sensitivity_heatmap"]
 
 @styled
 def sensitivity_heatmap(
-    table: pd.DataFrame, score: str, chosen: Iterable[tuple[str, str]] = (), *, title: str = ""
+    table: pd.DataFrame,
+    score: str,
+    chosen: Iterable[tuple[str, str]] = (),
+    *,
+    title: str = "",
+    scale: tuple[float, float] | None = None,
+    top: int = 12,
 ):
     """Layers (rows, by `depth`) x GEMMs (Fprop, Dgrad, Wgrad) coloured by `score`, with the
-    cells of `chosen` [(layer, gemm)] outlined (the recommended set).
+    cells of `chosen` [(layer, gemm)] outlined (the recommended set); beside it, when the table
+    has `<score>_lo` and `<score>_hi`, the `top` highest entries with their intervals (chosen
+    ones in red).
 
     Args:
       table: one row per layer and GEMM with columns layer, gemm, depth and `score`
@@ -27,6 +36,10 @@ def sensitivity_heatmap(
       score: the column drawn (higher = more sensitive).
       chosen: the (layer, gemm) pairs to outline.
       title: the figure's title (default: the score's name).
+      scale: (low, high) of the colour scale and the intervals' axis, the same for every
+        model (a score that is a share: (0, 1)); None: the table's own range (not comparable
+        across models). Values outside are drawn at the ends.
+      top: how many entries the interval panel shows.
     Returns:
       A matplotlib Figure.
     """
@@ -38,17 +51,23 @@ def sensitivity_heatmap(
         index=layers, columns=list(GEMMS)
     )
     values = grid.to_numpy(np.float64)
-    fig = new_figure(4.2 + 0.2 * max(len(l) for l in layers) / 4, 1.2 + 0.28 * len(layers))
-    ax = fig.add_subplot()
+    bands = {f"{score}_lo", f"{score}_hi"} <= set(table.columns)
+    fig = new_figure(
+        4.2 + 0.2 * max(len(l) for l in layers) / 4 + 3.6 * bands, 1.2 + 0.28 * len(layers)
+    )
+    ax = fig.add_subplot(1, 2 if bands else 1, 1)
     finite = values[np.isfinite(values)]
-    vmax = float(finite.max()) if finite.size else 1.0
-    vmin = min(0.0, float(finite.min())) if finite.size else 0.0
-    image = ax.imshow(values, aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax or 1.0)
+    if scale is None:
+        vmax = float(finite.max()) if finite.size else 1.0
+        vmin = min(0.0, float(finite.min())) if finite.size else 0.0
+        scale = (vmin, vmax or 1.0)
+    image = ax.imshow(values, aspect="auto", cmap="viridis", vmin=scale[0], vmax=scale[1])
     fig.colorbar(image, ax=ax, label=score)
     ax.set_xticks(range(len(GEMMS)), [g.capitalize() for g in GEMMS])
     ax.set_yticks(range(len(layers)), layers)
     ax.grid(False)
     rows, cols = {l: i for i, l in enumerate(layers)}, {g: j for j, g in enumerate(GEMMS)}
+    chosen = list(chosen)
     for layer, gemm in chosen:
         ax.add_patch(
             Rectangle(
@@ -56,4 +75,25 @@ def sensitivity_heatmap(
             )
         )
     ax.set_title(title or f"{score} (outlined: kept in high precision)")
+    if bands:
+        _intervals(fig.add_subplot(1, 2, 2), table, score, set(chosen), scale, top)
     return fig
+
+
+def _intervals(ax, table: pd.DataFrame, score: str, chosen: set, scale, top: int) -> None:
+    """The `top` highest entries of `score`, each with its interval, on the scale `scale`."""
+    first = table.sort_values(score, ascending=False, kind="stable").head(top).iloc[::-1]
+    y = np.arange(len(first))
+    mean = first[score].to_numpy(np.float64).clip(*scale)
+    lo = first[f"{score}_lo"].to_numpy(np.float64).clip(*scale)
+    hi = first[f"{score}_hi"].to_numpy(np.float64).clip(*scale)
+    kept = [(l, g) in chosen for l, g in zip(first["layer"], first["gemm"], strict=True)]
+    colors = np.where(kept, "tab:red", "tab:blue")
+    has = np.isfinite(lo) & np.isfinite(hi)
+    ax.hlines(y[has], lo[has], hi[has], colors=colors[has], lw=2)
+    ax.scatter(mean, y, c=colors, zorder=3, s=18)
+    labels = [f"{l} {g.capitalize()}" for l, g in zip(first["layer"], first["gemm"], strict=True)]
+    ax.set_yticks(y, labels)
+    ax.set_xlim(*scale)
+    ax.set_xlabel(f"{score} (interval; red: kept)")
+    ax.set_title(f"first {len(first)}, with intervals")

@@ -1,0 +1,186 @@
+"""What a `Diagnosis` says in words: the summary paragraph `fp4lab diagnose` prints last.
+
+Stage 1: the samples (and when the time budget cut them, or too few give no interval), the
+ranking and whether it is decided (`scores.tied_at_top`: "the first k cannot be told apart"),
+low agreement between the scores, the recommended set, every higher-ranked GEMM the FLOP budget
+left out with what keeping it would cost, and the cheapest set predicted to reach the target
+share of the gap. Stage 2, its first words on whether the FP4 gap is resolved at all, then the
+shares closed on both losses (and whether they disagree), random-k's draws and their spread,
+last-blocks at its own share, and the verdicts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fp4lab.diagnose import choose, scores
+from fp4lab.schema import GEMMS
+
+__all__ = ["summary", "LOW_AGREEMENT", "DISAGREE"]
+
+LOW_AGREEMENT = 0.5  # a median Spearman correlation with the other scores below this: "disagree"
+DISAGREE = 3.0  # gaps on the two losses further apart than this factor (or of opposite sign)
+_RANKED = ("alone_update_loss", "alone_grad_rel", "removed_update_loss", "removed_grad_rel")
+
+
+def _name(layer: str, gemm: str) -> str:
+    return f"{layer} {gemm.capitalize()}"
+
+
+def _pct(x: float) -> str:
+    return "n/a" if not np.isfinite(x) else f"{100 * x:.0f} %"
+
+
+def _interval(lo: float, hi: float) -> str:
+    return "no interval" if not (np.isfinite(lo) and np.isfinite(hi)) else f"[{lo:.3g}, {hi:.3g}]"
+
+
+def summary(d) -> str:
+    """The paragraph(s) of a `Diagnosis` (module docstring)."""
+    text = _stage1(d)
+    if d.gap is not None:
+        text += "\n\n" + _stage2(d)
+    return text
+
+
+def _hp(d) -> str:
+    return d.hp if isinstance(d.hp, str) else getattr(d.hp, "name", "high precision")
+
+
+def _stage1(d) -> str:
+    t, s = d.table, d.score
+    n = int(t["samples"].iloc[0])
+    first = t.iloc[0]
+    parts = [
+        f"Stage 1 ({n} samples per GEMM: checkpoints x batches x quant seeds; "
+        f"{d.stage1_s:.0f} s, {d.compiles} compile(s) for {len(t) * 2 + 2} variants)."
+    ]
+    if d.planned and n < d.planned:
+        parts.append(f"The time budget stopped it after {n} of {d.planned} samples.")
+    if d.excluded:
+        parts.append(f"Left in high precision and out of the diagnosis: {', '.join(d.excluded)}.")
+    tied = scores.tied_at_top(t, s)
+    head = f"{_name(first['layer'], first['gemm'])} ({first[s]:.3g}, "
+    head += _interval(first[s + "_lo"], first[s + "_hi"]) + ")"
+    if tied is None:
+        parts.append(
+            f"With {n} sample(s) there is no interval (3 are needed), so the ranking is not "
+            f"decided: ask for more samples (batches, quant seeds, checkpoints or a longer "
+            f"time budget). Ranked by {s}, first {head}."
+        )
+    elif tied == 1:
+        parts.append(f"Ranked by {s}, first {head}, apart from the rest.")
+    else:
+        names = ", ".join(_name(r.layer, r.gemm) for r in t.head(tied).itertuples())
+        parts.append(
+            f"The ranking by {s} is not decided: the first {tied} cannot be told apart (their "
+            f"intervals reach the first's): {names}. First {head}."
+        )
+    agree = d.agreement[s].drop(s).reindex([c for c in _RANKED if c != s]).dropna()
+    if len(agree) and float(agree.median()) < LOW_AGREEMENT:
+        parts.append(
+            f"The scores disagree (Spearman with {s}: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in agree.items())
+            + "): read the ranking with care and verify it."
+        )
+    by_gemm = t.groupby("gemm")[s].mean().reindex(list(GEMMS))
+    parts.append(
+        "By GEMM the mean is " + ", ".join(f"{g.capitalize()} {v:.3g}" for g, v in by_gemm.items())
+    )
+    parts[-1] += "."
+    parts.extend(_sets(d))
+    return " ".join(parts)
+
+
+def _sets(d) -> list[str]:
+    t, hp = d.table, _hp(d)
+    names = ", ".join(_name(*c) for c in d.chosen)
+    predicted = choose.predicted_share(t, d.chosen, d.score)
+    out = [
+        f"Keeping {names} in {hp} costs {d.share:.1%} of GEMM FLOPs (budget {d.budget:.1%}), "
+        f"predicted to close {_pct(predicted)} of the FP4 gap."
+    ]
+    for row in d.skipped.itertuples():
+        out.append(
+            f"Left out by the budget although ranked higher: {_name(row.layer, row.gemm)} "
+            f"(rank {row.rank}, {row.flop_share:.1%} of FLOPs; keeping it as well costs "
+            f"{row.with_it:.1%})."
+        )
+    if d.reaching:
+        share = choose.share(t, d.reaching)
+        out.append(
+            f"The cheapest set predicted to close {_pct(d.target)} of the gap: "
+            + ", ".join(_name(*c) for c in d.reaching)
+            + f" ({share:.1%} of FLOPs)."
+        )
+    return out
+
+
+def _stage2(d) -> str:
+    g = d.gap.set_index("cell")
+    hp = _hp(d)
+    mean, lo, hi, pairs = d.gap_hp
+    parts = []
+    resolved = np.isfinite(lo) and (lo > 0 or hi < 0)
+    if not resolved:
+        parts.append(
+            f"The FP4-to-{hp} gap on eval_hp is not resolved ({mean:.3g}, "
+            f"{_interval(lo, hi)} over {pairs} paired seeds): no share of it below means much; "
+            "train longer or on more seeds."
+        )
+    took = f"{d.verify_s:.0f} s"
+    if d.trained_s > d.verify_s + 1:
+        took += f" in this call; its runs took {d.trained_s:.0f} s, partly earlier"
+    own, own_lo, own_hi, _ = d.gap_own_total
+    parts.append(
+        f"Stage 2 ({took}, {pairs} paired seeds): the FP4-to-{hp} gap is {mean:.3g} "
+        f"{_interval(lo, hi)} on eval_hp (held out, high-precision forward) and {own:.3g} "
+        f"{_interval(own_lo, own_hi)} on eval_loss (the runs' own forward)."
+    )
+    if _disagree(mean, own):
+        parts.append(
+            "The two losses disagree: "
+            + (
+                "FP4 hurts the trained weights more than the loss under its own forward shows."
+                if abs(mean) > abs(own)
+                else "most of the FP4 gap is the quantized forward's own error, not the weights'."
+            )
+        )
+    parts.append(
+        "Share of the gap closed: "
+        + "; ".join(
+            f"{c} {_closed(g, c)} at {g.loc[c, 'flop_share']:.1%} of FLOPs"
+            for c in ("top-k", "last-blocks")
+        )  # fmt: skip
+        + "."
+    )
+    draws = g[g.index.str.startswith("random-k:")]["gap_closed"]
+    parts.append(
+        f"random-k ({len(draws)} draws at {g.loc['random-k', 'flop_share']:.1%} on average): "
+        f"their mean {_closed(g, 'random-k')}, the draws from {_pct(draws.min())} to "
+        f"{_pct(draws.max())}."
+    )
+    v = d.versus.set_index("against")
+    beats = v.loc["random-k", "verdict"] == "lower"
+    parts.append(
+        ("The ranking beats random-k" if beats else "The ranking does not beat random-k")
+        + f" (top-k - random-k eval_hp {v.loc['random-k', 'diff']:.3g}, "
+        f"{_interval(v.loc['random-k', 'diff_lo'], v.loc['random-k', 'diff_hi'])}: "
+        f"{v.loc['random-k', 'verdict']}); against last-blocks: "
+        f"{v.loc['last-blocks', 'verdict']}."
+    )
+    return " ".join(parts)
+
+
+def _closed(g, cell: str) -> str:
+    lo, hi = g.loc[cell, "lo"], g.loc[cell, "hi"]
+    return f"{_pct(g.loc[cell, 'gap_closed'])} [{_pct(lo)}, {_pct(hi)}]"
+
+
+def _disagree(a: float, b: float) -> bool:
+    """Gaps of opposite sign, or further apart than `DISAGREE` times."""
+    if not (np.isfinite(a) and np.isfinite(b)):
+        return False
+    if a * b <= 0:
+        return a != b
+    return max(abs(a), abs(b)) > DISAGREE * min(abs(a), abs(b))

@@ -1,0 +1,116 @@
+"""Stage 1's samples, within a time budget, with progress that says how long is left.
+
+A sample is one held-out batch and one quant seed at every checkpoint's weights (one
+`Probe.measure` call per checkpoint). The samples run in rounds of (batch, quant seed) pairs,
+each round at every checkpoint, in an order whose every prefix spreads over batches and seeds:
+
+    (0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (1, 2), (2, 0), (2, 1), (2, 2), ...
+
+(`rounds`). With a time budget, a round starts only when the time so far plus one round's
+time (the latest round's; the first includes the compile) stays within it; at least one round
+runs. After the first measurement and every round, the progress line says how many samples
+are done, the seconds so far and an estimate of the seconds left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+import pandas as pd
+
+from fp4lab.diagnose import probe, scores
+from fp4lab.train.tasks import eval_batch
+
+__all__ = ["Stage1", "rounds", "measure"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage1:
+    """Stage 1's samples and how they were cut."""
+
+    samples: pd.DataFrame  # `scores.sample_rows`, every sample
+    planned: int  # samples of the full design (checkpoints x batches x quant seeds)
+    done: int  # samples measured (fewer than planned when the time budget ended it)
+    seconds: float  # wall time of the measurements (compile included)
+
+
+def rounds(batches: int, quant_seeds: int) -> list[tuple[int, int]]:
+    """Every (batch, quant seed) pair, ordered by max(batch, seed), then batch, then seed."""
+    pairs = [(b, q) for b in range(batches) for q in range(quant_seeds)]
+    return sorted(pairs, key=lambda p: (max(p), p))
+
+
+def _say(text: str) -> None:
+    print(f"diagnose stage 1: {text}", file=sys.stderr, flush=True)
+
+
+def measure(
+    measurer: probe.Probe,
+    keys: dict,
+    weights: list,
+    steps: list[int],
+    *,
+    batches: int,
+    quant_seeds: int,
+    time_budget: float | None = None,
+    progress: bool = True,
+    spent: float = 0.0,
+) -> Stage1:
+    """Measures every variant at `weights` (one per checkpoint `steps`) on up to `batches` x
+    `quant_seeds` rounds (module docstring).
+
+    Args:
+      measurer: the gated model's `Probe`. keys: the streams (held-out batches: `data`).
+      time_budget: seconds for the whole of stage 1 (None: the full design); `spent`: the
+        seconds stage 1 has already taken (its short training run).
+      progress: print the progress lines to stderr.
+    """
+    start = time.perf_counter()
+    plan = rounds(batches, quant_seeds)
+    planned = len(plan) * len(steps)
+    gates = probe.variants(len(measurer.sites))
+    rests: dict[int, object] = {}
+    rows, took = [], []  # took: seconds of each measurement
+    for r, (b, q) in enumerate(plan):
+        now = spent + time.perf_counter() - start
+        if r and time_budget is not None and now + _each(took) * len(steps) > time_budget:
+            if progress:
+                _say(f"the time budget ({time_budget:.0f} s) ends it after {len(rows)} of "
+                     f"{planned} samples")  # fmt: skip
+            break
+        if q not in rests:
+            rests[q] = measurer.rest_for(keys, probe.quant_keys([q])[0])
+        data = eval_batch(measurer.task, keys, b)
+        for step, params in zip(steps, weights, strict=True):
+            t0 = time.perf_counter()
+            out, shadow = measurer.measure(params, rests[q], data, gates)
+            took.append(time.perf_counter() - t0)
+            sample = {"checkpoint": step, "batch": b, "quant": q}
+            rows.append(scores.sample_rows(out, shadow, measurer.sites, sample))
+            if progress and len(rows) == 1:
+                _say(f"1/{planned} samples in {took[0]:.0f} s (compile included); the rest "
+                     f"about {_left(took, planned, time_budget, now + took[0]):.0f} s")  # fmt: skip
+        if progress and r + 1 < len(plan):
+            now = spent + time.perf_counter() - start
+            _say(f"{len(rows)}/{planned} samples, {now:.0f} s; about "
+                 f"{_left(took, planned, time_budget, now):.0f} s left")  # fmt: skip
+    return Stage1(
+        samples=pd.concat(rows, ignore_index=True),
+        planned=planned,
+        done=len(rows),
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _each(took: list[float]) -> float:
+    """Seconds per measurement: the median after the first (which compiles), else the first."""
+    later = sorted(took[1:])
+    return later[len(later) // 2] if later else took[0]
+
+
+def _left(took: list[float], planned: int, budget: float | None, now: float) -> float:
+    """Seconds the samples not yet measured take, capped by the time budget."""
+    left = _each(took) * (planned - len(took))
+    return left if budget is None else min(left, max(budget - now, 0.0))
