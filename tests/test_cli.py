@@ -346,7 +346,14 @@ def test_dry_run_shows_the_overrides(tmp_path, capsys):
 
 def test_xla_log_is_a_deprecated_no_op(tmp_path, capsys):
     """XLA's lines are no longer filtered: the old flag parses, says so, and changes nothing."""
-    argv = ["run", str(experiment(tmp_path)), "--out", str(tmp_path / "o"), "--dry-run"]
+    argv = [
+        "run",
+        str(experiment(tmp_path)),
+        "--out",
+        str(tmp_path / "o"),
+        "--dry-run",
+        "--no-probe",
+    ]
     assert cli.main([*argv, "--xla-log"]) == 0
     captured = capsys.readouterr()
     assert "--xla-log is no longer needed" in captured.err
