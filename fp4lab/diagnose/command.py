@@ -131,9 +131,12 @@ def main(args) -> int:
         if args.score is not None:
             options["score"] = args.score
         options["config"] = package.parse_overrides(args.set or ()) or None
-        d = package.diagnose(
-            experiment=args.experiment, out=out, progress=not args.quiet, **options
-        )
+        from fp4lab.stderr_filter import filter_stderr
+
+        with filter_stderr():  # XLA's slow-compile banners as one line each, as fp4lab run's
+            d = package.diagnose(
+                experiment=args.experiment, out=out, progress=not args.quiet, **options
+            )
     except ValueError as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"fp4lab diagnose: error: {message}", file=sys.stderr)
