@@ -6,8 +6,8 @@ last-blocks, 4 seeds, 40 steps).
     python benchmarks/diagnose_planted.py                  # every plant
     python benchmarks/diagnose_planted.py --plants fprop --out planted-check
 
-Run time: 800 s on two CPU cores under a load of about 10 (other jobs), all four plants (about
-210 s a plant with a culprit, 160 s without).
+Run time: 515 s on two CPU cores under a load of about 8 (other jobs), all four plants, every
+one passing (84 to 222 s a plant; 800 s under a load of 10 with a cold compile cache).
 Passes when, for every plant with a culprit, the culprit is stage 1's first (apart from the
 rest) and the ground truth's, the decoy is in stage 1's lower half and under 5 % of the gap by
 the ground truth, and top-k closes a resolved share of the gap above the random draws' mean;
