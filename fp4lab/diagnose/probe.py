@@ -26,6 +26,8 @@ batches) and keeps the weights at the steps asked for.
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,6 +78,8 @@ class Probe:
         self.graphdef = nnx.graphdef(self.model)
         self._traces = 0
         self._measure = jax.jit(self._program)
+        self._compiled = {}  # {argument shapes: the compiled program}
+        self.compile_s = 0.0  # seconds spent compiling (`measure`)
 
     def _model(self, keys, qkey):
         model = init_model(self.task, keys)
@@ -100,7 +104,13 @@ class Probe:
         """({metric: (V, ...) numpy}, {"loss", "step"}: the shadow's loss and its `step_loss`)
         of the variants `gates` (V, 3 * sites)."""
         gates = jnp.asarray(gates, jnp.float32)
-        out, shadow = self._measure(params, rest, batch, gates)
+        args = (params, rest, batch, gates)
+        shapes = str(jax.tree.map(lambda a: (a.shape, a.dtype), args))
+        if shapes not in self._compiled:  # compiled ahead, so its seconds are known apart
+            start = time.perf_counter()
+            self._compiled[shapes] = self._measure.lower(*args).compile()
+            self.compile_s += time.perf_counter() - start
+        out, shadow = self._compiled[shapes](*args)
         return {k: np.asarray(v) for k, v in out.items()}, {k: float(v) for k, v in shadow.items()}
 
     def _step_loss(self, params, rest, batch, grads, loss):

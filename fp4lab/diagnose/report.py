@@ -1,7 +1,8 @@
 """What a `Diagnosis` says in words: the summary paragraph `fp4lab diagnose` prints last.
 
 Stage 1: the samples (and when the time budget cut them, or too few give no interval), the
-ranking and whether it is decided (`scores.tied_at_top`: "the first k cannot be told apart"),
+ranking and whether it is decided (`scores.tied_at_top`: "the first k cannot be told apart";
+a first apart by less than `MARGIN` times the second: "no GEMM stands out"),
 low agreement between the scores, the recommended set, every higher-ranked GEMM the FLOP budget
 left out with what keeping it would cost, and the cheapest set predicted to reach the target
 share of the gap. Stage 2, its first words on whether the FP4 gap is resolved at all, then the
@@ -16,8 +17,11 @@ import numpy as np
 from fp4lab.diagnose import choose, scores
 from fp4lab.schema import GEMMS
 
-__all__ = ["summary", "LOW_AGREEMENT", "DISAGREE"]
+__all__ = ["summary", "MARGIN", "LOW_AGREEMENT", "DISAGREE"]
 
+# the first is "apart" only at MARGIN times the second or more: on the planted models the
+# culprit scores 5-35x the next GEMM, on the model without a plant the first 1.8x
+MARGIN = 2.0
 LOW_AGREEMENT = 0.5  # a median Spearman correlation with the other scores below this: "disagree"
 DISAGREE = 3.0  # gaps on the two losses further apart than this factor (or of opposite sign)
 _RANKED = ("alone_update_loss", "alone_grad_rel", "removed_update_loss", "removed_grad_rel")
@@ -68,8 +72,13 @@ def _stage1(d) -> str:
             f"decided: ask for more samples (batches, quant seeds, checkpoints or a longer "
             f"time budget). Ranked by {s}, first {head}."
         )
-    elif tied == 1:
+    elif tied == 1 and first[s] >= MARGIN * max(t[s].iloc[1], 0.0):
         parts.append(f"Ranked by {s}, first {head}, apart from the rest.")
+    elif tied == 1:
+        parts.append(
+            f"The ranking by {s} is not decided: the first, {head}, stands apart but by less "
+            f"than {MARGIN:g}x the second ({t[s].iloc[1]:.3g}): no GEMM stands out."
+        )
     else:
         names = ", ".join(_name(r.layer, r.gemm) for r in t.head(tied).itertuples())
         parts.append(

@@ -7,9 +7,10 @@ each round at every checkpoint, in an order whose every prefix spreads over batc
     (0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (1, 2), (2, 0), (2, 1), (2, 2), ...
 
 (`rounds`). With a time budget, a round starts only when the time so far plus one round's
-time (the latest round's; the first includes the compile) stays within it; at least one round
-runs. After the first measurement and every round, the progress line says how many samples
-are done, the seconds so far and an estimate of the seconds left.
+estimated time (a measurement's median time, the compile left out) stays within it; at least
+one round runs. After the first measurement (its compile timed apart) and every round, the
+progress line says how many samples are done, the seconds so far and an estimate of the
+seconds left.
 """
 
 from __future__ import annotations
@@ -89,9 +90,13 @@ def measure(
             took.append(time.perf_counter() - t0)
             sample = {"checkpoint": step, "batch": b, "quant": q}
             rows.append(scores.sample_rows(out, shadow, measurer.sites, sample))
-            if progress and len(rows) == 1:
-                _say(f"1/{planned} samples in {took[0]:.0f} s (compile included); the rest "
-                     f"about {_left(took, planned, time_budget, now + took[0]):.0f} s")  # fmt: skip
+            if len(rows) == 1:  # the first measurement compiles: its run alone is the estimate
+                compile_s = measurer.compile_s
+                took[0] = max(took[0] - compile_s, 0.0)
+                if progress:
+                    left = _left(took, planned, time_budget, now + took[0] + compile_s)
+                    _say(f"1/{planned} samples in {took[0] + compile_s:.0f} s ({compile_s:.0f} s "
+                         f"compiling); the rest about {left:.0f} s")  # fmt: skip
         if progress and r + 1 < len(plan):
             now = spent + time.perf_counter() - start
             _say(f"{len(rows)}/{planned} samples, {now:.0f} s; about "
@@ -105,7 +110,7 @@ def measure(
 
 
 def _each(took: list[float]) -> float:
-    """Seconds per measurement: the median after the first (which compiles), else the first."""
+    """Seconds per measurement: the median after the first, else the first (less its compile)."""
     later = sorted(took[1:])
     return later[len(later) // 2] if later else took[0]
 

@@ -7,14 +7,13 @@ def kept(base, hp, *gemms):  # recipe `base` with these GEMMs in `hp`
 
 
 rules = [
-    fl.Rule(r"blocks\.0\.attn\.out", kept("nvfp4", "bf16", "fprop", "dgrad")),
-    fl.Rule(r"blocks\.0\.attn\.query", kept("nvfp4", "bf16", "fprop")),
-    fl.Rule(r"head", kept("nvfp4", "bf16", "fprop", "dgrad")),
-    fl.Rule(r"blocks\.0\.up", kept("nvfp4", "bf16", "fprop")),
     fl.Rule(r"blocks\.0\.attn\.value", kept("nvfp4", "bf16", "fprop")),
-    fl.Rule(r"blocks\.0\.attn\.key", kept("nvfp4", "bf16", "fprop")),
-    fl.Rule(r"blocks\.1\.attn\.out", kept("nvfp4", "bf16", "fprop")),
-    fl.Rule(r"blocks\.1\.attn\.value", kept("nvfp4", "bf16", "fprop")),
-    fl.Rule(r"blocks\.2\.attn\.query", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"head", kept("nvfp4", "bf16", "dgrad")),
+    fl.Rule(r"blocks\.0\.up", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"blocks\.0\.attn\.query", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"blocks\.0\.attn\.out", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"blocks\.3\.attn\.value", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"blocks\.3\.attn\.out", kept("nvfp4", "bf16", "fprop")),
+    fl.Rule(r"blocks\.0\.down", kept("nvfp4", "bf16", "fprop")),
     fl.Rule(r".*", "nvfp4"),
 ]

@@ -4,6 +4,8 @@ model with no plant left undecided; the ground truth of the subtlest plant, meas
 The full check (every plant's ground truth and stage 2) is benchmarks/diagnose_planted.py.
 """
 
+import dataclasses
+
 import planted  # tests/diagnose/planted.py
 import planted_truth
 import pytest
@@ -42,6 +44,14 @@ def test_with_no_plant_the_summary_says_the_ranking_is_not_decided():
     k = scores.tied_at_top(d.table, d.score)
     assert k is not None and k > 1
     assert f"is not decided: the first {k} cannot be told apart" in d.summary
+    # with more samples the first's interval clears the rest, but by less than 2x the second
+    alone = dataclasses.replace(d, table=d.table.assign(alone_step_loss_lo=[0.03, *[0.0] * 14]))
+    alone.table["alone_step_loss_hi"] = [1.0, *[0.02] * 14]
+    alone.table.loc[1, "alone_step_loss"] = d.table.loc[0, "alone_step_loss"] * 0.6
+    first = f"{d.table.loc[0, 'layer']} {d.table.loc[0, 'gemm'].capitalize()}"
+    assert f"is not decided: the first, {first} (" in alone.summary
+    assert "stands apart but by less than 2x the second" in alone.summary
+    assert "no GEMM stands out" in alone.summary
 
 
 def test_too_few_samples_are_said_in_words_not_as_nan(tmp_path, capsys):

@@ -95,5 +95,5 @@ def _intervals(ax, table: pd.DataFrame, score: str, chosen: set, scale, top: int
     labels = [f"{l} {g.capitalize()}" for l, g in zip(first["layer"], first["gemm"], strict=True)]
     ax.set_yticks(y, labels)
     ax.set_xlim(*scale)
-    ax.set_xlabel(f"{score} (interval; red: kept)")
-    ax.set_title(f"first {len(first)}, with intervals")
+    ax.set_xlabel(score)
+    ax.set_title(f"first {len(first)}, intervals (red: kept)")
