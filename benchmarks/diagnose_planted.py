@@ -1,4 +1,4 @@
-"""The full check of `diagnose`'s default score on the planted models of tests/diagnose/planted.py:
+"""The full check of `diagnose`'s default score on the planted models of tests/diagnosis/planted.py:
 per plant, the ground truth (each GEMM trained alone quantized, 3 seeds), stage 1 (3
 checkpoints x 3 batches x 3 quant seeds) and stage 2 (top-k against 3 random draws and
 last-blocks, 4 seeds, 40 steps).
@@ -26,11 +26,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1] / "tests" / "diagnose"
 sys.path.insert(0, str(HERE))
 
-import planted  # noqa: E402  (tests/diagnose/planted.py)
+import planted  # noqa: E402  (tests/diagnosis/planted.py)
 import planted_truth  # noqa: E402
 
 import fp4lab as fl  # noqa: E402
-from fp4lab.diagnose import scores  # noqa: E402
+from fp4lab.diagnosis import scores  # noqa: E402
 
 STAGE1 = dict(checkpoints=(0, 20, 40), batches=3, quant_seeds=3, time_budget=None)
 

@@ -45,7 +45,7 @@ from fp4lab.train.trainer import make_keys as make_keys
 from fp4lab.train.trainer import make_train as make_train
 
 # which GEMMs to keep in high precision
-from fp4lab.diagnose.study import diagnose as diagnose
+from fp4lab.diagnosis.study import diagnose as diagnose
 
 # analysis, plain models and synthetic tasks
 from fp4lab import analysis as analysis

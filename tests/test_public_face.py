@@ -22,6 +22,7 @@ STUBS = {
     "fp4lab": ROOT / "fp4lab" / "__init__.pyi",
     "fp4lab.sweep": ROOT / "fp4lab" / "sweep" / "__init__.pyi",
     "fp4lab.train": ROOT / "fp4lab" / "train" / "__init__.pyi",
+    "fp4lab.diagnosis": ROOT / "fp4lab" / "diagnosis" / "__init__.pyi",
 }
 MYPY_CONFIG = """
 [mypy]

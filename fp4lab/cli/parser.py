@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     replicate.add_parser(sub, number)
 
-    from fp4lab.diagnose import command as diagnose_command  # the standard library only
+    from fp4lab.diagnosis import command as diagnose_command  # the standard library only
 
     diagnose_command.add_parser(sub)
     return parser

@@ -1,6 +1,6 @@
 """Fieller's interval of a ratio of paired means: coverage by simulation, and its edge cases.
 
-The share of a gap that a choice closes (`fp4lab.diagnose.verify.gap_table`) is
+The share of a gap that a choice closes (`fp4lab.diagnosis.verify.gap_table`) is
 mean(gain) / mean(gap) over paired seeds. 1000 tables per design, each drawn with a known
 share; a design passes when the misses are at most the upper end of the binomial 99.9 % band
 of 1 - level (as tests/analysis/test_coverage.py). The percentile bootstrap it replaced is

@@ -32,7 +32,7 @@ def sensitivity_heatmap(
 
     Args:
       table: one row per layer and GEMM with columns layer, gemm, depth and `score`
-        (`fp4lab.diagnose`'s ranked table).
+        (`fp4lab.diagnosis`'s ranked table).
       score: the column drawn (higher = more sensitive).
       chosen: the (layer, gemm) pairs to outline.
       title: the figure's title (default: the score's name).

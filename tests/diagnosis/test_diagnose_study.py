@@ -11,7 +11,7 @@ from flax import nnx
 
 import fp4lab as fl
 from fp4lab import cli
-from fp4lab.diagnose import choose
+from fp4lab.diagnosis import choose
 
 PLANTED = '''
 """A tiny MLP whose first layer's Wgrad alone sees a few huge tokens (the loss ignores them)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fp4lab.diagnose import choose, scores
+from fp4lab.diagnosis import choose, scores
 from fp4lab.schema import GEMMS
 
 __all__ = ["summary", "MARGIN", "LOW_AGREEMENT", "DISAGREE"]

@@ -21,7 +21,7 @@ import pandas as pd
 from flax import nnx
 
 import fp4lab as fl
-from fp4lab.diagnose import gate
+from fp4lab.diagnosis import gate
 from fp4lab.schema import GEMMS
 from fp4lab.sweep.experiment import load_experiment
 from fp4lab.train.tasks import eval_batch, init_model, make_task, train_batch

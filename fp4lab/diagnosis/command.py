@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import fp4lab.diagnose as package
+import fp4lab.diagnosis as package
 
 __all__ = ["add_parser", "main"]
 

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import fp4lab as fl
-from fp4lab.diagnose import gate, probe
+from fp4lab.diagnosis import gate, probe
 from fp4lab.models import MLP, Transformer, TransformerConfig
 from fp4lab.train.config import Config
 from fp4lab.train.tasks import eval_batch, make_task

@@ -21,7 +21,7 @@ import time
 
 import pandas as pd
 
-from fp4lab.diagnose import probe, scores
+from fp4lab.diagnosis import probe, scores
 from fp4lab.train.tasks import eval_batch
 
 __all__ = ["Stage1", "rounds", "measure"]

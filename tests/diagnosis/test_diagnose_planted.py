@@ -6,13 +6,13 @@ The full check (every plant's ground truth and stage 2) is benchmarks/diagnose_p
 
 import dataclasses
 
-import planted  # tests/diagnose/planted.py
+import planted  # tests/diagnosis/planted.py
 import planted_truth
 import pytest
 
 import fp4lab as fl
 from fp4lab import cli
-from fp4lab.diagnose import scores
+from fp4lab.diagnosis import scores
 
 SMALL = dict(checkpoints=(20, 40), batches=1, quant_seeds=2, time_budget=None, progress=False)
 

@@ -1,7 +1,7 @@
 """Stage 1's measurements: every gate variant of one model, at fixed weights, in one program.
 
 `Probe(task, recipe)` builds the task's model under `recipe` with gates in front of every
-quantized op (`fp4lab.diagnose.gate`), and compiles one program
+quantized op (`fp4lab.diagnosis.gate`), and compiles one program
 
     measure(params, rest, batch, variants) -> {metric: (V, ...)}, shadow loss
 
@@ -36,7 +36,7 @@ from flax import nnx
 
 from fp4lab.core import recipes
 from fp4lab.core.stats import cosine, relative_drift
-from fp4lab.diagnose import gate
+from fp4lab.diagnosis import gate
 from fp4lab.nnx.rules import Rule, quantize_model
 from fp4lab.train.config import Config
 from fp4lab.train.tasks import Task, eval_batch, init_model, train_batch

@@ -7,7 +7,8 @@
 
     fp4lab diagnose EXPERIMENT.py [--time-budget 10m] [--verify] [--out DIR]
 
-The package is callable: `fl.diagnose(...)` is `fl.diagnose.diagnose(...)` (`study`).
+`fl.diagnose` is this package's `diagnose` function (`study`); the package is
+`fp4lab.diagnosis`, so that no submodule import can bind its name over the function.
 
 gate     a gate per layer and GEMM in front of every quantized op: which GEMMs run quantized
          is data, so one compiled program serves every variant
@@ -19,37 +20,11 @@ choose   sets within a FLOP budget (top, random, last layers), what the budget s
 verify   stage 2: the sets trained through the sweep, the share of the FP4 gap each closes
 report   the summary in words
 study    `diagnose` and its `Diagnosis`; command: `fp4lab diagnose`
-Nothing heavy is imported with the package: each name loads its module on first use.
+Nothing heavy is imported with the package: each name of `__init__.pyi` loads its module on
+first use.
 """
 
-import importlib
-import sys
-import types
+from fp4lab.lazy import attach_stub
 
-_API = {
-    "diagnose": ("fp4lab.diagnose.study", "diagnose"),
-    "Diagnosis": ("fp4lab.diagnose.study", "Diagnosis"),
-    "SCORES": ("fp4lab.diagnose.scores", "SCORES"),
-    "parse_overrides": ("fp4lab.sweep.experiment", "parse_overrides"),  # `--set FIELD=VALUE`
-}
-
-__all__ = [*_API]
-
-
-def __getattr__(name: str):
-    if name not in _API:
-        raise AttributeError(f"module 'fp4lab.diagnose' has no attribute {name!r}")
-    module, attr = _API[name]
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-class _CallableModule(types.ModuleType):
-    """The package, callable as its `diagnose` function (`fl.diagnose(...)`)."""
-
-    def __call__(self, *args, **kwargs):
-        return self.diagnose(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+__getattr__, __dir__, __all__ = attach_stub(__name__, __file__)
+del attach_stub

@@ -6,7 +6,7 @@
     print(d.summary)
     fl.quantize_model(my_model, d.rules, key=key)
 
-Stage 1 (`fp4lab.diagnose.probe`, `scores`): the model under the FP4 recipe with a gate per
+Stage 1 (`fp4lab.diagnosis.probe`, `scores`): the model under the FP4 recipe with a gate per
 layer and GEMM (`gate`), at a few checkpoints of a short run under that recipe, on several
 held-out batches and quant seeds: every GEMM alone quantized, every GEMM alone kept in high
 precision, the all-FP4 model and the shadow, in one compiled program. The ranking's first
@@ -25,7 +25,7 @@ import pandas as pd
 
 from fp4lab.analysis.plots.sensitivity import sensitivity_heatmap
 from fp4lab.core import recipes
-from fp4lab.diagnose import choose, probe, report, scores, stage1, verify
+from fp4lab.diagnosis import choose, probe, report, scores, stage1, verify
 from fp4lab.sweep import own
 from fp4lab.sweep.experiment import load_experiment
 from fp4lab.train.config import Config
@@ -212,13 +212,13 @@ def diagnose(
       checkpoints: optimizer steps of the short run (under `recipe`) whose weights are
         measured (clipped to config.steps). batches: held-out batches per checkpoint.
         quant_seeds: quantization seeds per batch.
-      time_budget: seconds for stage 1: the rounds of samples (`fp4lab.diagnose.stage1`) stop
+      time_budget: seconds for stage 1: the rounds of samples (`fp4lab.diagnosis.stage1`) stop
         when the next would pass it (None: all batches x quant_seeds rounds).
-      score: the ranking score (`fp4lab.diagnose.scores.SCORES`). budget: the share of GEMM
+      score: the ranking score (`fp4lab.diagnosis.scores.SCORES`). budget: the share of GEMM
         FLOPs the recommended set may keep in high precision. target: the predicted share of
         the FP4 gap the other set offered (`choose.reaching`) reaches at the least FLOPs.
       exclude: path regexes of layers left in high precision and out of the diagnosis.
-      verify: run stage 2 (`fp4lab.diagnose.verify`) for `verify_steps` steps (default the
+      verify: run stage 2 (`fp4lab.diagnosis.verify`) for `verify_steps` steps (default the
         config's) on `verify_seeds` (>= 4) seed triples into `out`/verify, with
         `random_draws` random sets.
       out: a folder for the outputs (`Diagnosis.write`); required with verify.

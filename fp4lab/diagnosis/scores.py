@@ -1,4 +1,4 @@
-"""Stage 1's scores: per layer and GEMM, from the variants `fp4lab.diagnose.probe` measures.
+"""Stage 1's scores: per layer and GEMM, from the variants `fp4lab.diagnosis.probe` measures.
 
 Every score is "higher = more sensitive", per sample (a checkpoint, a batch and a quant seed):
 

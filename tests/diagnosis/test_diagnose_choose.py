@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 import fp4lab as fl
-from fp4lab.diagnose import choose, scores
+from fp4lab.diagnosis import choose, scores
 
 # three layers by depth; c costs half of all FLOPs
 TABLE = pd.DataFrame(
