@@ -14,8 +14,8 @@ the runs it damages (`damaged`), which every reader reports. Deleting the file l
 the next reader rebuilds it.
 
 A cache that cannot change an answer: every row carries a checksum of its values (`check`, a
-CRC-32 of their `marshal` bytes; a runs row has one per group of columns, and a reader reads
-the groups of the columns it asks for), verified whenever it is read. A mismatch, a page SQLite
+CRC-32 of their `marshal` bytes; a runs row has a second one of the columns `ls` and resume
+read, so they read no more), verified whenever it is read. A mismatch, a page SQLite
 cannot decode or a malformed file is reported in one warning line and the index is rebuilt from
 the run files; an index file that cannot be written (while its folder can) is replaced, for this
 process, by one in memory, built from the files, with one warning line saying why. Values are
@@ -48,14 +48,14 @@ from collections.abc import Callable, Container, Iterator
 from pathlib import Path
 from typing import Any
 
-from fp4lab.schema import SEED_COLUMNS, STREAMS
+from fp4lab.schema import STREAMS
 from fp4lab.sweep import compact
 from fp4lab.sweep.records import CorruptRecord, canonical, read_record
 
 __all__ = ["INDEX_FILE", "RUNS_RANK", "Index", "Row", "stamp_of"]
 
 INDEX_FILE = "index.sqlite"
-FORMAT = 4  # the layout of the tables below; another layout is rebuilt from the files
+FORMAT = 5  # the layout of the tables below; another layout is rebuilt from the files
 RUNS_RANK = 1 << 30  # precedence of a record in runs/ over any compacted part (rank = part no.)
 Row = tuple  # run_id, experiment, cell, status, seed_init, seed_data, seed_quant, config_key,
 # code, numerics, wall_s, summary (JSON), prov_key, has_file (metrics in a Parquet file, not in
@@ -63,13 +63,9 @@ Row = tuple  # run_id, experiment, cell, status, seed_init, seed_data, seed_quan
 COLUMNS = "run_id, experiment, cell, status, seed_init, seed_data, seed_quant, config_key, "
 COLUMNS += "code, numerics, wall_s, summary, prov_key, has_file, source, rank"
 _NAMES = [c.strip() for c in COLUMNS.split(",")]
-# a runs row's checks, each of some of its columns: a reader reads (and checks) only the groups
-# of the columns it asks for; the first (what `ls` and resume read) always
-_GROUPS = (
-    ("check", ("run_id", "cell", "config_key", "status", "code", "source", "rank")),
-    ("rest_check", ("run_id", "experiment", *SEED_COLUMNS, "numerics", "wall_s", "prov_key")),
-    ("summary_check", ("run_id", "summary", "has_file")),
-)
+# a runs row's two checks: "check" of the columns `ls` and resume read, "full_check" of all; a
+# reader reads (and checks) the first where it asks for no other column, else the second
+_LABEL = ("run_id", "cell", "config_key", "status", "code", "source", "rank")
 # each table's checked columns; `check` is the CRC-32 of their values (`_check`)
 _TABLES = {
     "runs": COLUMNS,
@@ -78,8 +74,8 @@ _TABLES = {
     "parts": "name, stamp, damage, held",
 }
 _SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS runs ({COLUMNS}, stamp TEXT, "check" INTEGER, rest_check INTEGER,
-                                 summary_check INTEGER, PRIMARY KEY (run_id, source));
+CREATE TABLE IF NOT EXISTS runs ({COLUMNS}, stamp TEXT, "check" INTEGER, full_check INTEGER,
+                                 PRIMARY KEY (run_id, source));
 CREATE INDEX IF NOT EXISTS runs_source ON runs (source);
 CREATE TABLE IF NOT EXISTS configs ({_TABLES["configs"]}, "check" INTEGER,
                                     PRIMARY KEY (config_key));
@@ -259,11 +255,10 @@ class Index:
             rank,
         )
         named = dict(zip(_NAMES, values, strict=True))
-        checks = [_check(tuple(named[c] for c in group)) for _, group in _GROUPS]
-        marks = ", ".join("?" * (len(values) + 4))
+        checks = (_check(tuple(named[c] for c in _LABEL)), _check(values))
+        marks = ", ".join("?" * (len(values) + 3))
         db.execute(
-            f'INSERT OR REPLACE INTO runs ({COLUMNS}, stamp, "check", rest_check, summary_check) '
-            f"VALUES ({marks})",
+            f'INSERT OR REPLACE INTO runs ({COLUMNS}, stamp, "check", full_check) VALUES ({marks})',
             (*values, stamp, *checks),
         )
 
@@ -327,22 +322,19 @@ class Index:
         through its key, twice as slow)."""
         where = f"WHERE {where}" if where else ""
         names = [c.strip() for c in columns.split(",")]
-        more = set(names) - set(_GROUPS[0][1])
-        groups = [_GROUPS[0], *(g for g in _GROUPS[1:] if more & set(g[1]))]
-        selected = [c for check, group in groups for c in (*group, check)]
-        at = [selected.index(c) for c in names]
-        spans = []  # (start, stop) of each group's columns; its check at stop
-        for _, group in groups:
-            start = spans[-1][1] + 1 if spans else 0
-            spans.append((start, start + len(group)))
-        quoted = ", ".join(f'"{c}"' for c in selected)
+        selected, check = (
+            (_LABEL, '"check"') if set(names) <= set(_LABEL) else (_NAMES, "full_check")
+        )
+        at, n = [selected.index(c) for c in names], len(selected)
 
         def read():
-            rows = self.db.execute(f"SELECT {quoted} FROM runs {where}", args).fetchall()
+            found = self.db.execute(
+                f"SELECT {', '.join(selected)}, {check} FROM runs {where}", args
+            )
+            rows = found.fetchall()
             for row in rows:
-                for start, stop in spans:
-                    if zlib.crc32(marshal.dumps(row[start:stop], 0)) != row[stop]:  # `_check`
-                        raise Damaged(f"a row of table runs fails its checksum ({row[0]!r})")
+                if zlib.crc32(marshal.dumps(row[:n], 0)) != row[n]:  # `_check`, inline
+                    raise Damaged(f"a row of table runs fails its checksum ({row[0]!r})")
             return rows
 
         rows = self._guarded(read)
