@@ -14,9 +14,10 @@ the runs it damages (`damaged`), which every reader reports. Deleting the file l
 the next reader rebuilds it.
 
 A cache that cannot change an answer: every row carries a checksum of its values (`check`, a
-CRC-32 of their `marshal` bytes), verified whenever it is read. A mismatch, a page SQLite cannot
-decode or a malformed file is reported in one warning line and the index is rebuilt from the run
-files; an index file that cannot be written (while its folder can) is replaced, for this
+CRC-32 of their `marshal` bytes; a runs row has a second one of the columns `ls` and resume
+read, so they read no more), verified whenever it is read. A mismatch, a page SQLite
+cannot decode or a malformed file is reported in one warning line and the index is rebuilt from
+the run files; an index file that cannot be written (while its folder can) is replaced, for this
 process, by one in memory, built from the files, with one warning line saying why. Values are
 never served from a row whose checksum fails.
 
@@ -54,7 +55,7 @@ from fp4lab.sweep.records import CorruptRecord, canonical, read_record
 __all__ = ["INDEX_FILE", "RUNS_RANK", "Index", "Row", "stamp_of"]
 
 INDEX_FILE = "index.sqlite"
-FORMAT = 2  # the layout of the tables below; another layout is rebuilt from the files
+FORMAT = 5  # the layout of the tables below; another layout is rebuilt from the files
 RUNS_RANK = 1 << 30  # precedence of a record in runs/ over any compacted part (rank = part no.)
 Row = tuple  # run_id, experiment, cell, status, seed_init, seed_data, seed_quant, config_key,
 # code, numerics, wall_s, summary (JSON), prov_key, has_file (metrics in a Parquet file, not in
@@ -62,6 +63,9 @@ Row = tuple  # run_id, experiment, cell, status, seed_init, seed_data, seed_quan
 COLUMNS = "run_id, experiment, cell, status, seed_init, seed_data, seed_quant, config_key, "
 COLUMNS += "code, numerics, wall_s, summary, prov_key, has_file, source, rank"
 _NAMES = [c.strip() for c in COLUMNS.split(",")]
+# a runs row's two checks: "check" of the columns `ls` and resume read, "full_check" of all; a
+# reader reads (and checks) the first where it asks for no other column, else the second
+_LABEL = ("run_id", "cell", "config_key", "status", "code", "source", "rank")
 # each table's checked columns; `check` is the CRC-32 of their values (`_check`)
 _TABLES = {
     "runs": COLUMNS,
@@ -70,7 +74,7 @@ _TABLES = {
     "parts": "name, stamp, damage, held",
 }
 _SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS runs ({COLUMNS}, stamp TEXT, "check" INTEGER,
+CREATE TABLE IF NOT EXISTS runs ({COLUMNS}, stamp TEXT, "check" INTEGER, full_check INTEGER,
                                  PRIMARY KEY (run_id, source));
 CREATE INDEX IF NOT EXISTS runs_source ON runs (source);
 CREATE TABLE IF NOT EXISTS configs ({_TABLES["configs"]}, "check" INTEGER,
@@ -250,10 +254,12 @@ class Index:
             source,
             rank,
         )
-        marks = ", ".join("?" * (len(values) + 2))
+        named = dict(zip(_NAMES, values, strict=True))
+        checks = (_check(tuple(named[c] for c in _LABEL)), _check(values))
+        marks = ", ".join("?" * (len(values) + 3))
         db.execute(
-            f'INSERT OR REPLACE INTO runs ({COLUMNS}, stamp, "check") VALUES ({marks})',
-            (*values, stamp, _check(values)),
+            f'INSERT OR REPLACE INTO runs ({COLUMNS}, stamp, "check", full_check) VALUES ({marks})',
+            (*values, stamp, *checks),
         )
 
     def write(self, record: dict[str, Any], stamp: str) -> None:
@@ -315,15 +321,26 @@ class Index:
         places is rare, and resolved here rather than by a GROUP BY (which reads the table
         through its key, twice as slow)."""
         where = f"WHERE {where}" if where else ""
-        at = [_NAMES.index(c.strip()) for c in columns.split(",")]
+        names = [c.strip() for c in columns.split(",")]
+        selected, check = (
+            (_LABEL, '"check"') if set(names) <= set(_LABEL) else (_NAMES, "full_check")
+        )
+        at, n = [selected.index(c) for c in names], len(selected)
 
         def read():
-            found = self.db.execute(f'SELECT {COLUMNS}, "check" FROM runs {where}', args)
-            return _verified(found.fetchall(), "runs")
+            found = self.db.execute(
+                f"SELECT {', '.join(selected)}, {check} FROM runs {where}", args
+            )
+            rows = found.fetchall()
+            for row in rows:
+                if zlib.crc32(marshal.dumps(row[:n], 0)) != row[n]:  # `_check`, inline
+                    raise Damaged(f"a row of table runs fails its checksum ({row[0]!r})")
+            return rows
 
         rows = self._guarded(read)
         if len({row[0] for row in rows}) < len(rows):
-            rows.sort(key=lambda row: row[-1])
+            rank = selected.index("rank")
+            rows.sort(key=lambda row: row[rank])
             rows = list({row[0]: row for row in rows}.values())
         rows.sort(key=lambda row: row[0])
         take = operator.itemgetter(*at)

@@ -239,7 +239,8 @@ class Store:
         """{run id: (status, code version)} of every run of the folder, from the index; a run
         a damaged part spoils has status "damaged" (`damaged`)."""
         bad = self.damaged()
-        return {r[0]: ("damaged" if r[0] in bad else r[3], r[8]) for r in self.index().rows()}
+        rows = self.index().rows(columns="run_id, status, code")
+        return {r: ("damaged" if r in bad else status, code) for r, status, code in rows}
 
     def read(self, rid: str, metrics: bool = True) -> dict[str, Any] | None:
         """The record of run `rid`, or None when it is absent or bad (bad: one warning). With
