@@ -145,6 +145,9 @@ def test_the_clones_and_a_clone_that_cannot_run(monkeypatch):
         assert ("avx512f" in here) == (" avx512f" in flags), (here, "avx512f")
     monkeypatch.delenv("FP4LAB_CPU_CLONE", raising=False)
     assert cpu_kernels.clone() == here[-1]
+    # unforced, a program names no clone: the CPU that runs it picks its widest
+    lowered = jax.jit(lambda x: fl.fake_quant(x, fl.nvfp4())).lower(jnp.ones((16, 16))).as_text()
+    assert "fp4lab_quantize" in lowered and "clone = 0" in lowered
     monkeypatch.setenv("FP4LAB_CPU_CLONE", "neon9")
     with pytest.raises(ValueError, match="FP4LAB_CPU_CLONE='neon9'.*baseline"):
         fused.enabled()
