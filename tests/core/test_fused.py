@@ -145,6 +145,9 @@ def test_the_clones_and_a_clone_that_cannot_run(monkeypatch):
         assert ("avx512f" in here) == (" avx512f" in flags), (here, "avx512f")
     monkeypatch.delenv("FP4LAB_CPU_CLONE", raising=False)
     assert cpu_kernels.clone() == here[-1]
+    # unforced, a program names no clone: the CPU that runs it picks its widest
+    lowered = jax.jit(lambda x: fl.fake_quant(x, fl.nvfp4())).lower(jnp.ones((16, 16))).as_text()
+    assert "fp4lab_quantize" in lowered and "clone = 0" in lowered
     monkeypatch.setenv("FP4LAB_CPU_CLONE", "neon9")
     with pytest.raises(ValueError, match="FP4LAB_CPU_CLONE='neon9'.*baseline"):
         fused.enabled()
@@ -305,3 +308,24 @@ def test_gradients_are_the_references():
     g_ref = jax.grad(lambda x: ref(x, None, None).sum())(x)
     g_got = jax.grad(lambda x: kernel(x, None, None).sum())(x)
     _same(g_ref, g_got)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4-2d", "mxfp4", "nvfp4-sr"])
+def test_the_saturation_count_is_the_same_in_every_clone(name, monkeypatch):
+    """The kernel's count of saturated elements (the statistics' `saturated`, held to the jnp
+    statistics in test_fused_stats for the widest clone) and x_hat, in every clone."""
+    spec = SPECS[name]
+    t1, t2 = spec.tile
+    x = jnp.asarray(_edges((64, 128), 6))
+    xb = x.reshape(64 // t1, t1, 128 // t2, t2)
+    got = {}
+    for clone in _each_clone(monkeypatch):
+        x_hat, sat = fused.dequantized_blocks(
+            xb, spec, jax.random.key(4), None, in_place=False, count=True
+        )
+        got[clone] = (np.asarray(x_hat), np.asarray(sat))
+    first = got[cpu_kernels.clones()[-1]]
+    assert first[1] > 0  # the edges saturate some elements
+    for clone, (x_hat, sat) in got.items():
+        _same(first[0], x_hat)
+        assert sat == first[1], (clone, sat, first[1])
