@@ -233,9 +233,8 @@ def quantize_blocks(
     # The kernel reads the view from its sizes, so its operand and result travel as the 2-D
     # (rows, b * t2), whose minor axis is the view's last. XLA writes them as bitcasts of
     # the arrays beside the call, and a bitcast that regroups the major axes (the view's 5-D
-    # against an operand's (8, 256, 1024)) costs the transposes beside it their tiling: a
-    # Wgrad operand's transpose after the kernel took 6.1 ms from the 5-D view and 0.27 ms
-    # from (2048, 1024) (benchmarks/step.py --model user).
+    # against an operand's (8, 256, 1024)) costs the transposes beside it their tiling
+    # (measured: docs/performance.md, "Measurements behind the code").
     rows = (xb.size // (b * t2), b * t2)
     keep = rotation is not None and keep_rotated
     outputs = (

@@ -17,8 +17,7 @@ are, on the CPU backend, one call of the C++ kernel of `fp4lab.core.cpu_kernels`
 every key; elsewhere, or where the kernel cannot be built, the same rounds written out. All
 of it is integer arithmetic, so every path gives the same bits. (The bits as a kernel call
 too compiled faster still, but the kernel runs on one thread and writes the bits out for the
-rounding to read back: the nvfp4 training step of `benchmarks/step.py` took 1.56x fp32's
-instead of 1.16x.)
+rounding to read back: a slower step, docs/performance.md, "Measurements behind the code".)
 
 What jax computes, with its default "partitionable" Threefry (`jax_threefry_partitionable`):
 

@@ -15,8 +15,8 @@ and it hands some batched reductions to YNNPACK fusions with yet another order. 
 differ in the last bit of a few gradients, and training amplifies that. Compiling with
 `EXACT_CPU` (`jax.jit(f, compiler_options=EXACT_CPU)`) makes both programs use XLA's elemental
 emitters, which order a reduction the same way in both: PPO and GRPO are then bit-identical
-alone and vmapped (checked in the tests), at a cost (PPO updates took 1.9x as long in
-benchmarks/rl.py). Two more sources are avoided in the code. XLA's algebraic simplifier turns a
+alone and vmapped (checked in the tests), at a cost in speed (`python benchmarks/rl.py`;
+docs/performance.md). Two more sources are avoided in the code. XLA's algebraic simplifier turns a
 division by a broadcast scalar (optax.clip_by_global_norm's `g / ||g||`) into a multiplication
 by the reciprocal in some programs and not in others, so the trainers use `clip_by_global_norm`
 below, one multiplication. A reduction over several axes of a vmapped array may be emitted with

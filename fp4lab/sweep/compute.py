@@ -18,13 +18,9 @@ and however many. How, `Config.pad_seeds` chooses:
                          other seeds. How the runs recorded before the field were computed
                          (`fp4lab.schema.RECORDED_BEFORE`); they reproduce with it.
 
-Measured on the scanned LM of `experiments/randomness_vs_error_lm.py` (nvfp4-no-sr, telemetry
-with the shadow, 30 steps; one process, 2 CPUs): a seed at width 1 and at width 4 of the
-sequential program agree in all 1352 output arrays, while the vmapped program's differ in 926;
-a width-4 call took 6.41 s sequential against 6.16 s vmapped (batching gains little where the
-matmuls fill the cores) and compiled in 43 s against 44 s, and a 1-seed call took 1.76 s,
-0.29x the padded call's time. On a small MLP, where per-op overhead dominates, vmap does pay:
-`python benchmarks/sweep.py` prints both modes side by side.
+What the sequential call costs against the vmapped one (little where the matmuls fill the
+cores, more on a small MLP, where per-op overhead dominates) is measured by
+`python benchmarks/sweep.py`; the figures are in docs/performance.md.
 
 `compute_cell` takes and returns plain data, so a worker process or
 a Ray task can run it; it is the one place where the host-side sweep reaches the trainer, which
