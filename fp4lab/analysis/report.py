@@ -142,7 +142,10 @@ def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _verdict_html(runs: pd.DataFrame, outcome: str) -> str:
-    table = verdicts.verdict(runs, outcome)
+    # the rows `fp4lab show` and `run`'s summary print: every cell against one baseline, so a
+    # contrast has the same Bonferroni family, and interval, in all three
+    base = verdicts.baseline_cell(runs) if runs["cell"].nunique() > 1 else None
+    table = verdicts.verdict(runs, outcome, baseline=base)
     if not len(table):
         return "<p class='note'>No cell or seed stream varies in this sweep.</p>"
     shown = pd.DataFrame(
@@ -170,9 +173,11 @@ def _verdict_html(runs: pd.DataFrame, outcome: str) -> str:
         }
     )
     a = table.attrs
+    against = f"every cell against {base}; " if base is not None else ""
     note = (
-        f"{a['comparisons']} comparisons; {a['correction']} intervals at "
-        f"{a['row_level']:.4f} each, {a['level']:.0%} together; seeds as crossed random effects."
+        f"{against}{a['comparisons']} comparisons (the family `fp4lab show` uses); "
+        f"{a['correction']} intervals at {a['row_level']:.4f} each, {a['level']:.0%} together; "
+        "seeds as crossed random effects."
     )
     body = shown.to_html(index=False, border=0)
     for word in ("matters", "higher", "lower"):

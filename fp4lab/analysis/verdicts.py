@@ -46,7 +46,15 @@ from fp4lab.analysis import components, crossed, explain, tables
 from fp4lab.analysis.columns import require
 from fp4lab.schema import STREAMS
 
-__all__ = ["verdict", "design_factor", "in_words", "words", "stream_words", "Words"]
+__all__ = [
+    "verdict",
+    "baseline_cell",
+    "design_factor",
+    "in_words",
+    "words",
+    "stream_words",
+    "Words",
+]
 
 NAN = float("nan")
 # Precision choices a pair of cells can differ in: the runs table's column, the factor's name.
@@ -190,6 +198,26 @@ def in_words(
     return said.header, said.cells
 
 
+def baseline_cell(runs: pd.DataFrame, by: str = "cell") -> str | None:
+    """The cell the summary compares every other cell with (`words`, `fp4lab show`, the report):
+    a cell of the first `tables.BASELINE_RECIPES` recipe present (one without GEMM overrides,
+    backward mode, rules or phases, if there is one), else the first cell; None for no runs.
+    One baseline gives one family of rows, so each contrast has the same interval everywhere."""
+    names = list(dict.fromkeys(runs[by]))
+    if not names:
+        return None
+    recipes = set(runs["recipe"].dropna()) if "recipe" in runs.columns else set()
+    found = next((r for r in tables.BASELINE_RECIPES if r in recipes), None)
+    if found is None:
+        return names[0]
+    candidates = runs[runs["recipe"] == found]
+    plain = np.ones(len(candidates), bool)
+    for column in ("gemms", "backward", "rules", "phases"):
+        if column in candidates.columns:
+            plain &= candidates[column].astype(str).isin(("", "{}", "()", "[]", "None", "nan"))
+    return (candidates[plain] if plain.any() else candidates)[by].iloc[0]
+
+
 def words(runs: pd.DataFrame, outcome: str = "loss_gap", *, by: str = "cell", **kw) -> Words:
     """The verdict in sentences: which cells differ from the baseline, which streams matter in
     each cell, which cells did not learn.
@@ -209,16 +237,7 @@ def words(runs: pd.DataFrame, outcome: str = "loss_gap", *, by: str = "cell", **
     """
     require(runs, (by, "status", outcome), "words")
     names = list(dict.fromkeys(runs[by]))
-    base = names[0] if names else None
-    recipes = set(runs["recipe"].dropna()) if "recipe" in runs.columns else set()
-    found = next((r for r in tables.BASELINE_RECIPES if r in recipes), None)
-    if found is not None:
-        candidates = runs[runs["recipe"] == found]
-        plain = np.ones(len(candidates), bool)
-        for column in ("gemms", "backward", "rules", "phases"):
-            if column in candidates.columns:
-                plain &= candidates[column].astype(str).isin(("", "{}", "()", "[]", "None", "nan"))
-        base = (candidates[plain] if plain.any() else candidates)[by].iloc[0]
+    base = baseline_cell(runs, by)
     stuck = {c: explain.not_learned(g) for c, g in runs.groupby(by, sort=False)}
     stuck_lines = [f"{c}: did not learn: {why}" for c, why in stuck.items() if why]
     if not names:

@@ -204,3 +204,28 @@ def test_config_section_without_the_stores_extras():
     assert per_cell[0] == ["cell", "runs", "seeds", "recipe"]
     assert shared == [["lr", "0.001", "steps", "12"]]
     assert "No provenance recorded." in part and "Experiment <b>" not in part
+
+
+# ---------------------------------------------------------------------------------------------
+# One interval for one contrast: the report's verdict and `fp4lab show`'s words.
+
+
+def test_the_report_and_show_give_a_contrast_one_family_and_one_interval():
+    """Three cells: all pairs would be 3 contrasts, every cell against BF16 is 2. The report's
+    "what matters" table and the summary's words (`fp4lab show`, `run`) use the same rows."""
+    from fp4lab.analysis import verdicts
+
+    runs = bare().runs
+    assert runs["cell"].nunique() == 3
+    said = verdicts.words(runs, "loss_gap")
+    family = int(re.search(r"Bonferroni over (\d+) rows", said.header).group(1))
+    page = report.render(bare())
+    note = re.search(r"every cell against (\S+); (\d+) comparisons", page)
+    assert note and note.group(1) == "recipe=bf16" and int(note.group(2)) == family
+    table = verdicts.verdict(runs, "loss_gap", baseline=verdicts.baseline_cell(runs))
+    fixed = table[table["kind"] == "fixed"]
+    assert sorted(fixed["term"]) == ["recipe=mxfp4 - recipe=bf16", "recipe=nvfp4 - recipe=bf16"]
+    assert set(fixed["verdict"]) <= {"higher", "lower", "no evidence"}
+    for row in fixed.itertuples():  # the words quote the interval the report shows
+        shown = f"{row.effect:+.3g} [{row.lo:+.3g}, {row.hi:+.3g}]"
+        assert any(shown in line for line in said.cells), (shown, said.cells)
