@@ -119,11 +119,9 @@ def numerics_route() -> dict[str, str]:
 
     if jax.default_backend() != "cpu" or cpu_kernels.available():
         return {}
-    why = f" ({cpu_kernels.build_error()})" if cpu_kernels.build_error() else ""
-    warnings.warn(
-        f"fp4lab: the CPU kernels are not available{why}; runs are "
-        "computed with the reference formulas and carry their own run ids "
-        "(numerics_route=reference in their data hashes)",
+    warnings.warn(  # why the kernels are missing is said once, by cpu_kernels
+        "fp4lab: without the CPU kernels (said above) runs are computed with the reference "
+        "formulas and carry their own run ids (numerics_route=reference in their data hashes)",
         RuntimeWarning,
         stacklevel=3,
     )
