@@ -65,7 +65,7 @@ def _no_stored_programs_after_a_test(monkeypatch):
     monkeypatch.delenv(programs.ENV, raising=False)
 
 
-# The tests read the committed results folders (`fp4lab.sweep.load`), which builds each
+# The tests read the committed results folders (`fl.load`), which builds each
 # folder's summary index (`index.sqlite`, ignored by git) beside its files. A test run leaves
 # the checkout as it found it: the controller (not an xdist worker, which may end while others
 # still read) removes at the end the index files the run created.

@@ -9,6 +9,7 @@ import pytest
 
 from fp4lab import cli
 from fp4lab.sweep import design, experiment
+from fp4lab.train import own
 
 CONVNET = """
 import jax
@@ -220,7 +221,7 @@ def test_a_layer_without_a_seam_is_listed_and_warned_about_once(tmp_path):
         warnings.simplefilter("always")
         compute.check_cell(cfg)
     assert not [w for w in caught if "without a seam" in str(w.message)]
-    ns = fl.train.own.namespace(cfg.task_file)
+    ns = own.namespace(cfg.task_file)
     model = ns.model(cfg, nnx.Rngs(0))
     fl.quantize_model(model, [fl.Rule(".*", "nvfp4")], key=jax.random.key(0))
     table = fl.describe(model).set_index("path")["recipe"].to_dict()
