@@ -25,7 +25,6 @@ import pandas as pd
 
 from fp4lab.analysis.replication import compare_words
 from fp4lab.schema import STREAMS
-from fp4lab.sweep.compute import compute_cell
 from fp4lab.sweep.experiment import Experiment, ExperimentError, load_experiment, seed_triples
 from fp4lab.sweep.runner import run_experiment
 from fp4lab.sweep.store import Results, load
@@ -67,7 +66,7 @@ def replicate(
     executor: str = "local",
     workers: int = 1,
     progress: bool = True,
-    compute=compute_cell,
+    compute=None,
     **executor_options,
 ) -> pd.DataFrame:
     """Re-runs a finished study on fresh seeds and compares its words (module docstring).

@@ -25,10 +25,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from fp4lab.schema import STREAMS
+from fp4lab.sweep import compute as cells_compute
 from fp4lab.sweep import executors, failures, lock
 from fp4lab.sweep import ray as ray_executor
 from fp4lab.sweep import store as results_store
-from fp4lab.sweep.compute import call_width, compute_cell
+from fp4lab.sweep.compute import call_width
 from fp4lab.sweep.executors import Compute
 from fp4lab.sweep.experiment import Cell, Experiment, ExperimentError
 from fp4lab.sweep.progress import Progress
@@ -139,7 +140,7 @@ def run_experiment(
     executor: str = "local",
     workers: int = 1,
     progress: bool = True,
-    compute: Compute = compute_cell,
+    compute: Compute | None = None,
     force: bool = False,
     rerun_stale: bool = False,
     progress_every: int | None = 0,
@@ -191,6 +192,9 @@ def run_experiment(
         ray_executor.check_options(**executor_options)
     elif executor_options:
         raise ExperimentError(f"{', '.join(executor_options)}: options of the ray executor only")
+    # looked up at each call, not bound when this module was imported (a test's substitute
+    # installed at that moment would have stayed the default)
+    compute = cells_compute.compute_cell if compute is None else compute
     store = results_store.Store(out)
     with lock.writer(store.path), contextlib.closing(store):  # one writer per folder (`lock`)
         return _sweep(
