@@ -152,7 +152,7 @@ def check_part(folder: Path, name: str) -> tuple[list[dict], str | None, list[st
         if not metrics_ok:
             damage.append(f"{mpath.name} is not the one it was written with (sha256)")
     if not metrics_ok:
-        bad += table["run_id"].to_pylist()
+        bad += [rid for rid in _strings(table["run_id"]) if rid is not None]
     return records, "; ".join(damage) or None, sorted(set(bad))
 
 
@@ -160,21 +160,34 @@ def _checked(path: Path, table: pa.Table) -> tuple[list[dict], list[str], str | 
     """(the records of a records part's `table` that pass `check_record`, the run ids of those
     that do not, what is wrong with the first); each bad one warned about once per process."""
     records, bad, first = [], [], None
-    for rid, text in zip(table["run_id"].to_pylist(), table["record"].to_pylist(), strict=True):
+    for rid, text in zip(_strings(table["run_id"]), _strings(table["record"]), strict=True):
         try:
-            body = json.loads(text)
-            why = check_record(body, rid)
+            body = json.loads(text) if text is not None else None
+            why = check_record(body, rid) if text is not None else "its bytes are not UTF-8"
         except (ValueError, TypeError, RecursionError) as e:
             body, why = None, f"does not parse ({_brief(e)})"
         if why is None:
             records.append(body)
             continue
         warn_bad(path, f"bad run record {rid} in the part, skipped: {why}", stacklevel=4)
-        bad.append(rid)
+        if rid is not None:
+            bad.append(rid)
         if isinstance(body, dict) and isinstance(body.get("run_id"), str):
             bad.append(body["run_id"])  # the id its text names, where the column's is damaged
         first = first or why
     return records, bad, first
+
+
+def _strings(column: pa.ChunkedArray) -> list[str | None]:
+    """The values of a string `column`, None for each whose bytes are not UTF-8 (a flipped byte
+    in a part: pyarrow's own conversion raises for the whole column)."""
+    out: list[str | None] = []
+    for raw in column.cast(pa.binary()).to_pylist():
+        try:
+            out.append(None if raw is None else raw.decode())
+        except UnicodeDecodeError:
+            out.append(None)
+    return out
 
 
 def _brief(e: Exception) -> str:
@@ -312,7 +325,7 @@ def _checksums(path: Path) -> dict[str, str]:
         table = pq.read_table(path, schema=RECORDS_SCHEMA)
     except Exception:  # a damaged file
         return {}
-    texts = dict(zip(table["run_id"].to_pylist(), table["record"].to_pylist(), strict=True))
+    texts = dict(zip(_strings(table["run_id"]), _strings(table["record"]), strict=True))
     return {
         b["run_id"]: json.loads(texts[b["run_id"]])["checksum"] for b in _checked(path, table)[0]
     }

@@ -11,6 +11,8 @@ import textwrap
 import warnings
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from fakes import fake_compute  # tests/fakes.py
 
@@ -181,6 +183,27 @@ def test_a_missing_metrics_part_is_named_by_every_reader_and_its_records_still_s
         _sweep(folder, 3)  # a rerun computes the damaged runs again
     assert store.Store(folder).damaged() == {}
     assert_same(answer(folder), built[1])
+
+
+def test_a_record_whose_bytes_are_not_utf8_is_named_and_the_others_serve(built, folder):
+    """A flipped byte that zstd still decodes can leave a record's text not UTF-8 (pyarrow
+    then raises for the whole column): that record is named and skipped, the rest serve."""
+    path = folder / "compact" / "records-0001.parquet"
+    table = pq.read_table(path)
+    texts = table["record"].cast(pa.binary()).to_pylist()
+    texts[1] = texts[1][:40] + b"\xd4" + texts[1][41:]  # 0xd4 then ASCII: not UTF-8
+    raw = pa.array(texts, pa.binary())
+    broken = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())  # unvalidated
+    column = table.schema.get_field_index("record")
+    pq.write_table(table.set_column(column, "record", broken), path, compression="zstd")
+    bad_id = table["run_id"][1].as_py()
+    for _ in range(2):  # every time
+        with pytest.warns(records.CorruptRecord, match=f"not UTF-8.*{bad_id}"):
+            runs, metrics = answer(folder)
+        reference_runs = built[1][0]
+        assert set(runs["run_id"]) == set(reference_runs["run_id"]) - {bad_id}
+        shown = reference_runs[reference_runs["run_id"] != bad_id].reset_index(drop=True)
+        pd.testing.assert_frame_equal(runs, shown)
 
 
 def test_compact_check_and_compaction_before_any_run(built, folder, tmp_path, capsys):
