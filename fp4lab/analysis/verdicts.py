@@ -29,8 +29,9 @@ one factor, and which of them acts cannot be said.
 
 Monte Carlo error: interval ends from generalized draws carry a Monte Carlo standard error
 (`lo_mcse`, `hi_mcse`; `redraw_mcse`, `share_mcse` the larger of their two ends'). A fixed
-row's word needs the deciding end more than `crossed.MC_SES` standard errors from 0; otherwise it is
-"undecided" (more draws decide it). The default `draws` leaves every end of the committed
+row's word needs the deciding end more than `crossed.MC_SES` standard errors from 0; a row whose
+end is nearer is drawn again with `MORE_DRAWS` times the draws (a stream row: its whole cell), and
+is "undecided" only if it stays that near. The default `draws` leaves every end of the committed
 studies converged to well under a percent of its interval's width.
 """
 
@@ -44,6 +45,7 @@ import pandas as pd
 
 from fp4lab.analysis import components, crossed, explain, tables
 from fp4lab.analysis.columns import require
+from fp4lab.analysis.montecarlo import more_draws
 from fp4lab.schema import STREAMS
 
 __all__ = [
@@ -69,6 +71,7 @@ COLUMNS = ["factor", "kind", "term", "verdict", "effect", "lo", "hi", "lo_mcse",
 COLUMNS += ["redraw_sd", "redraw_lo", "redraw_hi", "redraw_mcse", "share", "share_lo", "share_hi"]
 COLUMNS += ["share_mcse", "levels", "in_seed_sd", "evidence"]
 DRAWS = 1_000_000  # generalized draws per cell: ~500 beyond each end at 1 - 0.05/50
+MORE_DRAWS = 4  # a row within its Monte Carlo error of deciding is drawn again with 4x the draws
 
 
 def _ci(x: float, lo: float, hi: float) -> str:
@@ -171,9 +174,15 @@ def verdict(
         ):
             r["evidence"] = f"{note}; {r['evidence']}"
     for i, (cell, (y, lay)) in enumerate(layouts.items()):  # one cell's draws in memory at once
-        gci = crossed.gci_draws(y, lay, draws=draws, seed=seed + i) if _judged(lay) else None
-        pending = _stream_rows(cell, y, lay, gci, streams, kept[cell])
-        rows += [_explained(_random_row(r, row_level)) for r in pending]
+        n = draws
+        while True:
+            gci = crossed.gci_draws(y, lay, draws=n, seed=seed + i) if _judged(lay) else None
+            pending = _stream_rows(cell, y, lay, gci, streams, kept[cell])
+            judged = [_random_row(r, row_level, last=n >= MORE_DRAWS * draws) for r in pending]
+            if not any(r.get("more_draws") for r in judged):
+                break
+            n *= MORE_DRAWS
+        rows += [_explained(r) for r in judged]
     out = pd.DataFrame(rows, columns=COLUMNS)
     out.attrs = dict(outcome=outcome, level=level, comparisons=m, row_level=row_level)
     out.attrs |= dict(correction="Bonferroni", interval="generalized (crossed random seeds)")
@@ -337,7 +346,9 @@ def _stream_rows(cell, y, lay, gci, streams, kept=None) -> list[dict]:
     return rows
 
 
-def _random_row(r: dict, row_level: float) -> dict:
+def _random_row(r: dict, row_level: float, last: bool = True) -> dict:
+    """A stream row's numbers and word; `last`: its draws are the most it gets (else a row
+    within its Monte Carlo error of deciding asks for more, `more_draws`)."""
     out = {k: r.get(k, NAN) for k in ("factor", "kind", "term", "levels")}
     out |= {c: NAN for c in COLUMNS if c not in out and c not in ("verdict", "evidence")}
     if r["draws"] is None:
@@ -381,7 +392,12 @@ def _random_row(r: dict, row_level: float) -> dict:
     if interval_yes or interval_no:
         why = "the exact test and the interval disagree: more seeds decide it"
     else:
-        why = "the interval's lower end is within its Monte Carlo error of 0: more draws decide it"
+        if not last:
+            return out | dict(verdict="undecided", more_draws=True)
+        why = (
+            f"the interval's lower end is within {crossed.MC_SES} Monte Carlo standard errors of"
+            f" 0 at {len(r['draws']['mean']):,} draws"
+        )
     return out | dict(verdict="undecided", evidence=f"{text}; {why}")
 
 
@@ -393,7 +409,11 @@ def _fixed_row(r: dict, seed_var: dict, row_level: float, draws: int, seed: int)
     d, lay = r["d"], r["lay"]
     fewest = min(lay.levels, default=1)
     out["levels"] = fewest
-    interval = crossed.mean_interval(d, lay, level=row_level, draws=draws, seed=seed)
+    interval = more_draws(
+        lambda n: crossed.mean_interval(d, lay, level=row_level, draws=n, seed=seed),
+        draws,
+        MORE_DRAWS * draws,
+    )
     sd = np.sqrt((seed_var[r["a"]] + seed_var[r["b"]]) / 2)
     out |= dict(effect=interval.estimate, in_seed_sd=abs(interval.estimate) / sd if sd > 0 else NAN)
     if fewest < crossed.MIN_LEVELS:
@@ -406,7 +426,8 @@ def _fixed_row(r: dict, seed_var: dict, row_level: float, draws: int, seed: int)
         return out | dict(verdict=word, evidence=f"{text}; {out['in_seed_sd']:.2g} seed SDs")
     if word == "undecided":
         near = (
-            f"an end within {crossed.MC_SES} Monte Carlo standard errors of 0: more draws decide it"
+            f"an end within {crossed.MC_SES} Monte Carlo standard errors of 0 at"
+            f" {MORE_DRAWS * draws:,} draws"
         )
         return out | dict(verdict=word, evidence=f"{text}; {near}")
     missed = max(abs(interval.lo), abs(interval.hi))
