@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from timing import goal_verdict, round_ratios  # benchmarks/timing.py
+from timing import goal_verdict, machine, round_ratios  # benchmarks/timing.py
 
 import fp4lab as fl
 from fp4lab.core.quantize import quantize_dequantize
@@ -175,6 +175,7 @@ def main(argv=None) -> None:
         "--quick", action="store_true", help="the depth rows, one compile each (--only blocks)"
     )
     args = p.parse_args(argv)
+    print(machine())  # the CPU, its vector extensions and the kernel clone
     if args.quick:
         args.reps, args.only = 1, args.only or "blocks"
 

@@ -23,11 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1] / "tests" / "diagnose"
+HERE = Path(__file__).resolve().parents[1] / "tests" / "diagnosis"
 sys.path.insert(0, str(HERE))
 
 import planted  # noqa: E402  (tests/diagnosis/planted.py)
 import planted_truth  # noqa: E402
+from timing import machine  # noqa: E402  (benchmarks/timing.py)
 
 import fp4lab as fl  # noqa: E402
 from fp4lab.diagnosis import scores  # noqa: E402
@@ -67,6 +68,7 @@ def main() -> int:
     parser.add_argument("--plants", default=",".join(planted.PLANTS))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    print(machine())  # the CPU, its vector extensions and the kernel clone
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     start = time.perf_counter()
     out = args.out or Path(tempfile.mkdtemp(prefix="diagnose-planted-"))

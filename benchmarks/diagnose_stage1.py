@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from timing import machine  # benchmarks/timing.py
+
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_GOAL_S = 30.0
 
@@ -33,6 +35,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=120.0, help="stage 1's time budget, s")
     args = parser.parse_args()
+    print(machine())  # the CPU, its vector extensions and the kernel clone
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     out = Path(tempfile.mkdtemp(prefix="diagnose-stage1-"))
     experiment = str(ROOT / "experiments" / "diagnose_lm.py")

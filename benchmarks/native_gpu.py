@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax import lax
-from timing import interleaved  # benchmarks/timing.py
+from timing import interleaved, machine  # benchmarks/timing.py
 
 import fp4lab as fl
 from fp4lab import schema
@@ -175,6 +175,7 @@ def main(argv=None) -> int:
         help="parity of all three GEMMs with a reference matmul at small shapes (any device)",
     )
     args = p.parse_args(argv)
+    print(machine())  # the CPU, its vector extensions and the kernel clone
     kinds = [k for k in args.kinds.split(",") if k]
     bad = [k for k in kinds if k not in KINDS]
     if bad:

@@ -41,7 +41,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import median_interval, round_ratios  # noqa: E402
+from timing import machine, median_interval, round_ratios  # noqa: E402
 
 from fp4lab.sweep import compute  # noqa: E402
 from fp4lab.train.config import Config  # noqa: E402
@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)  # ... and its `every`
     parser.add_argument("--row", help=argparse.SUPPRESS)  # ... and what it measures
     args = parser.parse_args()
+    print(machine())  # the CPU, its vector extensions and the kernel clone
     if args.child is not None:  # one measurement in a process of its own: its seconds
         cfg = config(args.quick, args.steps)
         if args.row == "rerun":

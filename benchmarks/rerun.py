@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from timing import machine  # benchmarks/timing.py
+
 from fp4lab.sweep.store import load
 
 GOAL = 0.10  # the second run spends under this share of its wall time compiling
@@ -59,6 +61,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, help="steps per run (default: the experiment's)")
     p.add_argument("--workers", type=int, default=1)
     args = p.parse_args(argv)
+    print(machine())  # the CPU, its vector extensions and the kernel clone
     extra = ["--workers", str(args.workers)] + (
         [] if args.steps is None else ["--steps", str(args.steps)]
     )

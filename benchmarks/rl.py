@@ -28,7 +28,7 @@ import statistics
 import time
 
 import jax
-from timing import interleaved  # benchmarks/timing.py
+from timing import interleaved, machine  # benchmarks/timing.py
 
 from fp4lab.rl import EXACT_CPU, PPOConfig, ppo
 
@@ -84,6 +84,7 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=5, help="timed rounds")
     p.add_argument("--quick", action="store_true", help="2 updates, 2 rounds (a smoke test)")
     args = p.parse_args(argv)
+    print(machine())  # the CPU, its vector extensions and the kernel clone
     updates, reps = (2, 2) if args.quick else (args.updates, args.reps)
 
     rows = build(updates)

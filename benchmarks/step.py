@@ -353,6 +353,7 @@ def main(argv=None) -> None:
         help=f"comma-separated rows to time besides fp32 (default all: {rows})",
     )
     args = p.parse_args(argv)
+    print(machine())  # the CPU, its vector extensions and the kernel clone (again by the figures)
     if args.model in ("user", "user-ce"):
         if args.blocks is not None and not args.blocks.isdigit():
             p.error("--model user takes one depth in --blocks")

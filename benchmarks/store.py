@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from timing import machine  # benchmarks/timing.py
 
 from fp4lab import cli
 from fp4lab.sweep import compact, index, runner, store
@@ -185,6 +186,7 @@ def main() -> int:
     parser.add_argument("--keep", metavar="DIR", help="write the folder here (reused if there)")
     parser.add_argument("--generate", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    print(machine())  # the CPU, its vector extensions and the kernel clone
     if args.generate:
         generate(Path(args.generate), args.runs)
         return 0

@@ -37,6 +37,8 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from timing import machine  # noqa: E402  (benchmarks/timing.py)
+
 from fp4lab import sweep  # noqa: E402
 from fp4lab.train.config import Config  # noqa: E402
 
@@ -64,6 +66,7 @@ def main(argv=None) -> None:
     p.add_argument("--cell", choices=("mlp", "lm"), default="mlp")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
+    print(machine())  # the CPU, its vector extensions and the kernel clone
     steps, rounds = (10, 2) if args.quick else (args.steps, args.rounds)
     if args.cell == "lm":
         base = Config(recipe=args.recipe, steps=steps, eval_batches=2, **LM)

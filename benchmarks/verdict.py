@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from timing import machine  # benchmarks/timing.py
 
 from fp4lab.analysis import verdicts
 
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--draws", type=int, default=verdicts.DRAWS)
     args = parser.parse_args()
+    print(machine())  # the CPU, its vector extensions and the kernel clone
     runs = pd.read_csv(OUTCOMES)
     print(f"load average at start: {os.getloadavg()[0]:.2f}; {len(runs)} runs, {args.draws} draws")
     seconds, words = [], set()

@@ -81,3 +81,24 @@ def test_the_header_names_the_cpu_its_extensions_and_the_clone(monkeypatch):
         assert "clone: baseline (forced by FP4LAB_CPU_CLONE=baseline)" in timing.machine()
     monkeypatch.setenv("FP4LAB_QUANTIZER", "reference")
     assert "none: the jnp reference" in timing.machine()
+
+
+def test_every_benchmark_prints_the_header_first():
+    """Every benchmark with a command line prints `machine()` before anything else, so each
+    figure it prints names the CPU, its vector extensions and the kernel clone."""
+    import ast
+
+    scripts = [p for p in _PATH.parent.glob("*.py") if "def main(" in p.read_text()]
+    assert len(scripts) >= 10
+    for path in scripts:
+        (main,) = [
+            f
+            for f in ast.parse(path.read_text()).body
+            if isinstance(f, ast.FunctionDef) and f.name == "main"
+        ]
+        prints = sorted(
+            (c.lineno, ast.unparse(c))
+            for c in ast.walk(main)
+            if isinstance(c, ast.Call) and getattr(c.func, "id", None) == "print"
+        )
+        assert prints and prints[0][1] == "print(machine())", f"{path.name}: {prints[:1]}"
