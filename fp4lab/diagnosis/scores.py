@@ -121,7 +121,8 @@ def sample_rows(out: dict, shadow: dict, sites, sample: dict) -> pd.DataFrame:
 
 def summarize(samples: pd.DataFrame, sites, *, level: float = 0.95) -> pd.DataFrame:
     """One row per layer and GEMM: depth, flops (of the GEMM, one forward), and each score's
-    mean with `<score>_lo`, `<score>_hi` (a t-interval over the samples at `level`)."""
+    mean with `<score>_lo`, `<score>_hi` (a t-interval over the samples at `level`), the GEMM's
+    share of the flops, and `family` 1: each interval at `level` on its own (no Bonferroni)."""
     meta = {s.layer: s for s in sites}
     rows = []
     for (layer, gemm), g in samples.groupby(["layer", "gemm"], sort=False):
@@ -134,6 +135,7 @@ def summarize(samples: pd.DataFrame, sites, *, level: float = 0.95) -> pd.DataFr
         rows.append(row)
     table = pd.DataFrame(rows)
     table["flop_share"] = table["flops"] / table["flops"].sum()
+    table["family"] = 1
     return table
 
 

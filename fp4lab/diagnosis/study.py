@@ -97,7 +97,8 @@ class Diagnosis:
             self.skipped.to_csv(paths["skipped.csv"], index=False)
         if self.gap is not None:
             paths["verify.csv"] = out / "verify.csv"
-            both = self.gap.merge(self.gap_own, on="cell", suffixes=("", "_own"))
+            own = self.gap_own.drop(columns="family", errors="ignore")
+            both = self.gap.merge(own, on="cell", suffixes=("", "_own"))
             both.to_csv(paths["verify.csv"], index=False)
             paths["versus.csv"] = out / "versus.csv"
             self.versus.to_csv(paths["versus.csv"], index=False)

@@ -116,8 +116,8 @@ def gap(runs: pd.DataFrame, *, outcome: str = "eval_hp", level: float = 0.95):
 
 def gap_table(runs: pd.DataFrame, *, outcome: str = "eval_hp", level: float = 0.95):
     """Per cell (`CELLS`, then each random draw): the outcome's mean, the share of the
-    fp4-to-hp gap closed with its interval, and the number of paired seeds (module
-    docstring)."""
+    fp4-to-hp gap closed with its interval (`family` 1: each at `level` on its own), and the
+    number of paired seeds (module docstring)."""
     runs = _pooled(runs)
     gap_s = -_paired(runs, "hp", "fp4", outcome)  # out(fp4) - out(hp), per seed
     draws = sorted(c for c in runs["cell"].unique() if str(c).startswith("random-k:"))
@@ -127,7 +127,7 @@ def gap_table(runs: pd.DataFrame, *, outcome: str = "eval_hp", level: float = 0.
         gain = -_paired(runs, label, "fp4", outcome)
         both = pd.concat([gain.rename("gain"), gap_s.rename("gap")], axis=1, join="inner")
         row = {"cell": label, outcome: float(mine[outcome].astype(float).mean())}
-        row |= {"pairs": len(both), "gap_closed": np.nan, "lo": np.nan, "hi": np.nan}
+        row |= {"pairs": len(both), "gap_closed": np.nan, "lo": np.nan, "hi": np.nan, "family": 1}
         if len(both):
             g, d = both["gain"].to_numpy(), both["gap"].to_numpy()
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -151,6 +151,7 @@ def versus(runs: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
         row = table[table["cell"] == "top-k"].iloc[0].to_dict()
         rows.append(
             {"against": other}
-            | {k: row[k] for k in ("pairs", "diff", "diff_lo", "diff_hi", "verdict")}
+            | {k: row[k] for k in ("pairs", "diff", "diff_lo", "diff_hi", "diff_mcse")}
+            | {"family": 1, "verdict": row["verdict"]}
         )
     return pd.DataFrame(rows)

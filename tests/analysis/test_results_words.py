@@ -25,7 +25,7 @@ from fp4lab.analysis.montecarlo import MC_SES, side_word
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
 LM = ("mxfp4_ladder_lm", "mxfp4_ladder_lm_outliers", "nvfp4_sensitivity_lm")
-LM += ("randomness_vs_error_lm", "sqrt3_lm")
+LM += ("randomness_vs_error_lm", "sqrt3_lm", "diagnose_lm", "diagnose_lm_outliers")
 # word column -> (lo, hi, Monte Carlo error columns or None for an exact interval, the words
 # as side_word's: higher, lower, no evidence, undecided)
 WORDS = {
@@ -63,6 +63,10 @@ def test_every_word_is_its_converged_interval(path):
     lm = path.parent.name in LM
     for column, (lo, hi, mcse, aliases) in WORDS.items():
         if column not in table:
+            continue
+        if column == "verdict" and "lo" not in table and "diff_lo" in table:  # a paired diff
+            lo, hi, mcse = "diff_lo", "diff_hi", ("diff_mcse", "diff_mcse")
+        if lo not in table or hi not in table:
             continue
         rows = _judged(table, column, lo, hi, aliases)
         if mcse is not None and not set(mcse) <= set(table.columns):
