@@ -1,8 +1,9 @@
 """CPU kernels of the numerics: C++ built at install (or on first use), called through XLA's FFI.
 
-    quantize.cc        x_hat of the block-scaled quantizers in one call (`fp4lab.core.fused`):
-                       a few kernels' worth of program instead of a dozen fusions, specialized
-                       to their shape, per operand for XLA to compile
+    quantize.cc        x_hat of the block-scaled quantizers in one call
+                       (`fp4lab.core.kernel_route` says when it runs): a few kernels' worth
+                       of program instead of a dozen fusions, specialized to their shape,
+                       per operand for XLA to compile
     operand_stats.cc   the telemetry's statistics of one quantized operand in one pass over
                        x and the grid values, x_hat computed on the way from the block and
                        outer scales (`fp4lab.core.stats`, method "fused")
@@ -209,7 +210,7 @@ def quantize_blocks(
     keep_rotated: bool = False,
     **attrs: int | np.float32,
 ) -> jax.Array | tuple:
-    """x_hat of a blocked operand (quantize.cc; `fp4lab.core.fused` builds the arguments).
+    """x_hat of a blocked operand (quantize.cc; `fp4lab.core.kernel_route` builds the arguments).
 
     Args:
       xb: float32 (..., A, t1, B, t2), the quantizer's blocked view; blocks span t1 and t2.

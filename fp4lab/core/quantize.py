@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4lab.core import formats, fused, hadamard, layout, prng, scaling, tiny
+from fp4lab.core import formats, hadamard, kernel_route, layout, prng, scaling, subnormal
 from fp4lab.core.dequant import dequantize_blocks, dequantize_terms, grid_values, outer_scale
 from fp4lab.core.spec import QuantSpec
 
@@ -87,7 +87,7 @@ class QTensor:
 def _dequantize(q: QTensor, rotated: bool) -> jax.Array:
     vals = scaling.block_view(q.values(), _tile(q.spec, q.codes.shape))
     fmt = formats.get_format(q.spec.elem)
-    vals, scale, outer = tiny.dequantize_factors(vals, q.scale, q.outer, fmt)
+    vals, scale, outer = subnormal.dequantize_factors(vals, q.scale, q.outer, fmt)
     x = scaling.unblock(vals * scale * outer)
     return restore(x, q.spec, q.shape, q.dtype, q.transform_key, rotated)
 
@@ -246,13 +246,13 @@ def restore_view(xhat_b, spec: QuantSpec, shape, dtype, transform_key, rotated, 
 
 
 def kernel_blocks(x, spec: QuantSpec, key, transform_key, amax, measure: bool = False):
-    """x_hat's blocks from the CPU kernel (where `fused.supports(spec, key, amax)`), the
-    Hadamard in the kernel where `fused.rotates`: (xhat_b, transform key, in-place view sizes
+    """x_hat's blocks from the CPU kernel (where `kernel_route.supports(spec, key, amax)`), the
+    Hadamard in the kernel where `kernel_route.rotates`: (xhat_b, transform key, in-place view sizes
     or None), as `quantize_view` blocks them; with `measure` also the rotated blocked input
     and the saturated fraction, for the statistics (`fp4lab.core.stats`)."""
-    turn = fused.rotates(spec, layout.in_place_view(x.shape, spec))  # in the kernel
+    turn = kernel_route.rotates(spec, layout.in_place_view(x.shape, spec))  # in the kernel
     xb, k_round, transform_key, view, _ = _blocked(x, spec, key, transform_key, True, not turn)
-    out = fused.dequantized_blocks(
+    out = kernel_route.dequantized_blocks(
         xb,
         spec,
         k_round,
@@ -379,7 +379,7 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
     The same values as `quantize(...).dequantize(rotated=rotated)`, computed from the element
     grid values without encoding them to codes and decoding them back, and, along an axis
     that is not last, without moving it (`layout.in_place_view`). On the CPU backend the
-    block-scaled rules run as one kernel call (`fp4lab.core.fused`), with the same bits.
+    block-scaled rules run as one kernel call (`fp4lab.core.kernel_route`), with the same bits.
 
     Jitted per (shape, dtype, spec, rotated): inside a larger program, operands of the same
     shape and spec (a block's q, k and v projections) share one trace and one lowering, and
@@ -389,13 +389,13 @@ def quantize_dequantize(x, spec, *, key=None, transform_key=None, amax=None, rot
     """
     _check_spec(spec)
     _check_amax(amax)  # a concrete amax, before jit turns it into a tracer
-    return _quantize_dequantize(x, spec, key, transform_key, amax, rotated, fused.enabled())
+    return _quantize_dequantize(x, spec, key, transform_key, amax, rotated, kernel_route.enabled())
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "rotated", "kernel"))
 def _quantize_dequantize(x, spec, key, transform_key, amax, rotated, kernel):
     x = jnp.asarray(x)
-    if kernel and fused.supports(spec, key, amax) and x.size < 2**32:
+    if kernel and kernel_route.supports(spec, key, amax) and x.size < 2**32:
         xhat_b, transform_key, view = kernel_blocks(x, spec, key, transform_key, amax)
         return restore_view(xhat_b, spec, x.shape, x.dtype, transform_key, rotated, view)
     return dequantized_view(x, spec, key, transform_key, amax, rotated)[0]
@@ -445,12 +445,12 @@ def fake_quant(
         return x
     _check_spec(spec)
     _check_amax(amax)  # a concrete amax, before jit turns it into a tracer
-    return _fake_quant(x, spec, key, transform_key, amax, rotated, fused.enabled())
+    return _fake_quant(x, spec, key, transform_key, amax, rotated, kernel_route.enabled())
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "rotated", "kernel"))
 def _fake_quant(x, spec, key, transform_key, amax, rotated, kernel):
-    del kernel  # keys the trace: quantize_dequantize inside reads `fused.enabled()` itself
+    del kernel  # keys the trace: quantize_dequantize inside reads `kernel_route.enabled()` itself
     if transform_key is None:
         transform_key = _split(key, spec)[1]
     else:

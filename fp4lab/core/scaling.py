@@ -34,7 +34,7 @@ dequantizes to NaN; quantization never turns a NaN into a finite number.
 
 Tiny input: the steps that can fall below float32's normal range (E8M0's 2**-127, 1 / S_enc
 and FP8's 1 / scale for scales above 2**126, s_b * S_dec, g and amax_b / max_elem) are computed
-as IEEE float32 computes them (`tiny`), also where the backend flushes subnormals (XLA on CPU);
+as IEEE float32 computes them (`subnormal`), also where the backend flushes subnormals (XLA on CPU);
 there an input below 2**-126 reads as 0, and the "jax" g is 1 for a scope amax below 2**-126.
 """
 
@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fp4lab.core import formats, tiny
+from fp4lab.core import formats, subnormal
 
 __all__ = [
     "Scaled",
@@ -168,15 +168,17 @@ def _te_global(amax_scope: jax.Array | None, emax: float):
         return one, one
     s_enc = jnp.minimum(jnp.float32(emax * 6.0) / amax_scope, FLT_MAX)
     s_enc = jnp.where(s_enc == 0, jnp.float32(1.0), s_enc)
-    return s_enc, tiny.reciprocal(s_enc)  # 1 / S_enc, a subnormal for S_enc > 2**126
+    return s_enc, subnormal.reciprocal(s_enc)  # 1 / S_enc, a subnormal for S_enc > 2**126
 
 
 def _te_encode(s_b: jax.Array, s_dec: jax.Array) -> jax.Array:
     """e_b = min(1 / (s_b * S_dec), FLT_MAX), with s_b * S_dec rounded as IEEE float32 rounds
-    it also below the normal range (`tiny.product_up`, for S_dec < 2**-60: the same values
+    it also below the normal range (`subnormal.product_up`, for S_dec < 2**-60: the same values
     where the plain product is normal)."""
     plain = jnp.minimum(jnp.float32(1.0) / (s_b * s_dec), FLT_MAX)
-    lifted = (jnp.float32(1.0) / tiny.product_up(s_b, s_dec)) * jnp.float32(2.0**tiny.SHIFT)
+    lifted = (jnp.float32(1.0) / subnormal.product_up(s_b, s_dec)) * jnp.float32(
+        2.0**subnormal.SHIFT
+    )
     return jnp.where(s_dec < jnp.float32(2.0**-60), jnp.minimum(lifted, FLT_MAX), plain)
 
 
@@ -274,16 +276,16 @@ def nvfp4_jax(
     # Written with the same divisions as jax's quantizer (x / g, amax / 6, x / s_b): XLA
     # compiles a / broadcast(b) as a * (1 / b) in both, which keeps them bit-identical.
     # Below float32's normal range (a scope amax under 2688 * 2**-126), g is the IEEE subnormal
-    # (`tiny.divide`) and x / g is x * (1 / g) as XLA compiles it, 1 / g to 24 bits (it would
+    # (`subnormal.divide`) and x / g is x * (1 / g) as XLA compiles it, 1 / g to 24 bits (it would
     # overflow float32 for g < 2**-128), through operands lifted by 2**64.
     six = jnp.float32(elem.max)
     if amax_scope is None:
         g = jnp.float32(1.0)
     else:
-        g = tiny.divide(amax_scope, 6.0 * 448.0)  # >= 2**-138 for a normal amax
-        g = jnp.where(tiny.below_normal(amax_scope), jnp.float32(1.0), g)  # it reads as 0
-    lifted = (xb * tiny.opaque(2.0**tiny.SHIFT)) * (jnp.float32(1.0) / tiny.lift(g))
-    x = jnp.where(tiny.below_normal(g), lifted, xb / g)
+        g = subnormal.divide(amax_scope, 6.0 * 448.0)  # >= 2**-138 for a normal amax
+        g = jnp.where(subnormal.below_normal(amax_scope), jnp.float32(1.0), g)  # it reads as 0
+    lifted = (xb * subnormal.opaque(2.0**subnormal.SHIFT)) * (jnp.float32(1.0) / subnormal.lift(g))
+    x = jnp.where(subnormal.below_normal(g), lifted, xb / g)
     amax_b = block_amax(x)
     s_b, scale = _e4m3(jnp.clip(amax_b / six, 0, E4M3_MAX), amax_b)
     v = jnp.where(x == 0, x, x / s_b)
@@ -310,7 +312,7 @@ def mx(
         e = formats.exponent(jnp.where(amax_b > 0, amax_b, 1.0)) - elem.emax
         e = jnp.where(amax_b > 0, jnp.clip(e, -127, 127), -127)
     elif scale_rounding == "ceil":  # amax_b / max_elem as IEEE float32, subnormals included
-        e = formats.exponent(formats.round_pow2(tiny.divide(amax_b, elem.max), "ceil"))
+        e = formats.exponent(formats.round_pow2(subnormal.divide(amax_b, elem.max), "ceil"))
     else:
         raise ValueError(f"scale_rounding={scale_rounding!r}; allowed: 'floor', 'ceil'")
     # At most 127 - emax_elem, so that max_elem * 2**e stays finite in float32: "ceil" on an
@@ -365,7 +367,7 @@ def per_scope(
     bad = (amax_scope == 0) | (enc == 0) | ~jnp.isfinite(enc)
     enc = jnp.where(bad, jnp.float32(1.0), enc)
     q = _elements(xb * enc, elem, rounding, key, index)
-    outer = _outer(tiny.reciprocal(enc), amax_scope)  # a subnormal for enc > 2**126
+    outer = _outer(subnormal.reciprocal(enc), amax_scope)  # a subnormal for enc > 2**126
     return Scaled(q, one, _nan_carrier(xb, elem, amax_scope, outer))
 
 

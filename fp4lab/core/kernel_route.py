@@ -3,7 +3,7 @@
 XLA compiles the reference quantizer (`fp4lab.core.scaling`, written in jnp) into about a
 dozen fusions per operand shape: the block and tensor amaxes, the scalar chain of the outer
 scale, the per-block scales and the element pass, and, below 2**-126, the exact arithmetic of
-`fp4lab.core.tiny`. A model that is not scanned holds one copy per GEMM operand, and most of
+`fp4lab.core.subnormal`. A model that is not scanned holds one copy per GEMM operand, and most of
 its first call is XLA compiling them (`benchmarks/step.py --model user`). On the CPU backend
 the same x_hat comes from one call of the C++ kernel of `fp4lab.core.cpu_kernels`
 (quantize.cc), bit for bit: the same float32 operations in the same order, in XLA's own
