@@ -1,5 +1,9 @@
 """Scale rules: scopes, tiles, block-scale formats and four-over-six.
 
+`scale_blocks` is the entry: it picks the rule a QuantSpec names and the scope amax (computed,
+or the one given), and applies the rule; the rules follow it in this file, and call down only,
+into `formats` (the element and scale grids) and `subnormal` (the steps below 2**-126).
+
 All functions work on a *blocked view* of a float32 array whose contraction axis is last:
 `xb` has shape (..., R/ty, ty, K/tx, tx) for tiles of ty x tx (ty = 1 for 1D tiles). Block
 amaxes have shape (..., R/ty, 1, K/tx, 1); scope amaxes broadcast against them.
@@ -40,6 +44,7 @@ there an input below 2**-126 reads as 0, and the "jax" g is 1 for a scope amax b
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -51,8 +56,7 @@ from fp4lab.core import formats, subnormal
 
 __all__ = [
     "Scaled",
-    "block_view",
-    "unblock",
+    "scale_blocks",
     "scope_amax",
     "block_amax",
     "nvfp4_te",
@@ -73,17 +77,62 @@ class Scaled(NamedTuple):
     map4: jax.Array | None = None  # four-over-six: True where a block chose map-to-4
 
 
-def block_view(x: jax.Array, tile: tuple[int, int]) -> jax.Array:
-    """(..., R, K) -> (..., R/ty, ty, K/tx, tx); shapes must already divide."""
-    ty, tx = tile
-    *lead, r, k = x.shape
-    return x.reshape(*lead, r // ty, ty, k // tx, tx)
+def scale_blocks(xb: jax.Array, spec, key, amax, index=None) -> tuple[Scaled, jax.Array | None]:
+    """(scaled, scope amax): the rule `spec` selects, applied to the blocked view xb.
+
+    Args:
+      xb: the prepared float32 input in its blocked view.
+      spec: the QuantSpec (its elem, block_scale, convention, outer, rounding, four_over_six,
+        scale_rounding).
+      key: the rounding key, for stochastic rounding.
+      amax: a given amax of the outer scope (delayed scaling; `_scope_from` reads it), or None
+        for the amax of xb (current scaling).
+      index: each element's position in the random stream, for a view laid out otherwise.
+    Pass-through casts (bf16, fp16, fp32) round each element and scale nothing (scope None).
+    """
+    fmt = formats.get_format(spec.elem)
+    if fmt.kind == "cast":
+        one = jnp.ones((1,) * xb.ndim, jnp.float32)
+        q = formats.cast_round(xb, fmt)
+        return Scaled(q, one, jnp.float32(1.0)), None
+    amax_b = block_amax(xb) if spec.block_scale is not None else None
+    if amax is None or spec.outer == "none":
+        scope = scope_amax(xb, spec.outer, amax_b)
+    else:
+        scope = _scope_from(amax, xb, spec.outer)
+    rnd = dict(rounding=spec.rounding, key=key, index=index)
+    if spec.block_scale == "e4m3":
+        if spec.convention == "te":
+            scaled = nvfp4_te(
+                xb, scope, elem=fmt, four_over_six=spec.four_over_six, amax_b=amax_b, **rnd
+            )
+        else:
+            scaled = nvfp4_jax(xb, scope, elem=fmt, **rnd)
+    elif spec.block_scale == "e8m0":
+        scaled = mx(xb, elem=fmt, scale_rounding=spec.scale_rounding, amax_b=amax_b, **rnd)
+    elif spec.block_scale == "fp32":
+        scaled = fp32_blocks(xb, elem=fmt, amax_b=amax_b, **rnd)
+    else:
+        scaled = per_scope(xb, scope, elem=fmt, **rnd)
+    return scaled, scope
 
 
-def unblock(xb: jax.Array) -> jax.Array:
-    """Inverse of `block_view`."""
-    *lead, rb, ty, kb, tx = xb.shape
-    return xb.reshape(*lead, rb * ty, kb * tx)
+def _scope_from(amax, xb, outer):
+    """A given scope amax in the shape of `scope_amax`: one value, or one per row ("row").
+
+    One value serves every row; otherwise there must be exactly one value per row, in the
+    rows' order (x with the quantized axis moved last and the others flattened).
+    """
+    a = jnp.asarray(amax, jnp.float32)
+    shape = (1,) * xb.ndim if outer == "tensor" else (*xb.shape[:-2], 1, 1)
+    if a.size == 1:
+        return jnp.broadcast_to(a.reshape(()), shape)
+    if a.size != math.prod(shape):
+        raise ValueError(
+            f"amax has {a.size} values; the {outer!r} scope of this input takes 1"
+            + (f" or {math.prod(shape)} (one per row)" if outer == "row" else "")
+        )
+    return a.reshape(shape)
 
 
 _ABS_BITS = np.uint32(0x7FFFFFFF)  # every bit but the sign

@@ -16,9 +16,9 @@ Two methods compute them (`operand_stats(..., method=)`):
                  view (`quantize_view`: an inner axis blocked where it lies), by a C++ kernel
                  on the CPU (`fp4lab.core.cpu_kernels`) that computes x_hat from them and the
                  block and outer scales as the quantizer does (where the quantizer itself
-                 runs as its CPU kernel, `fp4lab.core.kernel_route`, from that kernel's x_hat with
-                 scales of 1, and its saturated count: the same bits). The float sums run in double
-                 precision, so rel_err and bias are the float32 roundings of nearly exact
+                 runs as its CPU kernel, `fp4lab.core.kernel_route`, from that kernel's x_hat
+                 with scales of 1, and its saturated count: the same bits). The float sums run in
+                 double precision, so rel_err and bias are the float32 roundings of nearly exact
                  values; both are NaN for an operand holding a NaN or an infinity.
     "reference"  the jnp formulas, float32 sums in the order XLA gives them, in the moved
                  layout: what fp4lab recorded before the fused statistics, and still what runs
@@ -47,7 +47,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from fp4lab.core import cpu_kernels, formats, kernel_route, scaling, subnormal
+from fp4lab.core import blocks, cpu_kernels, formats, kernel_route, scaling, subnormal
 from fp4lab.core.quantize import (
     dequantize_blocks,
     dequantize_terms,
@@ -212,7 +212,7 @@ def _reference(a, spec, key, transform_key, amax):
     underflow = jnp.mean(live & dead)
     map4 = jnp.float32(0.0) if scaled.map4 is None else jnp.mean(scaled.map4)
     stats = jnp.stack([rel, bias, flush, saturated, underflow, map4]).astype(jnp.float32)
-    x_hat = restore(scaling.unblock(xhat_b), spec, a.shape, a.dtype, transform_key, rotated=True)
+    x_hat = restore(blocks.unblock(xhat_b), spec, a.shape, a.dtype, transform_key, rotated=True)
     return x_hat, stats
 
 
