@@ -1,13 +1,14 @@
 """fp4lab's CPU kernels, built at install (everything else is in pyproject.toml).
 
-The C++ sources in fp4lab/core are compiled once, by `pip install`, into the shared library
-fp4lab/core/_kernels (loaded with ctypes and registered with XLA's FFI by
-`fp4lab.core.cpu_kernels`), against the FFI headers of jaxlib (a build requirement), and
-stamped as `fp4lab.core.kernel_build` says (loaded by its path here: the package itself needs
-jax, which a build environment may lack). A build that fails does not fail the install: it
-prints one line, the reason, and records it beside where the library would be (_kernels.failed,
-keyed like the library), so that no run compiles again; each run says the reason once and uses
-fp4lab's jnp reference. The compiler's own output goes into that record, not to the screen.
+The C++ sources in fp4lab/core (and the step-report queue, fp4lab/sweep/step_reports.cc) are
+compiled once, by `pip install`, into the shared library fp4lab/core/_kernels (loaded with
+ctypes and registered with XLA's FFI by `fp4lab.core.cpu_kernels`), against the FFI headers of
+jaxlib (a build requirement), and stamped as `fp4lab.core.kernel_build` says (loaded by its
+path here: the package itself needs jax, which a build environment may lack). A build that
+fails does not fail the install: it prints one line, the reason, and records it beside where
+the library would be (_kernels.failed, keyed like the library), so that no run compiles again;
+each run says the reason once and uses fp4lab's jnp reference. The compiler's own output goes
+into that record, not to the screen.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-CORE = Path("fp4lab/core")
+PACKAGE = Path("fp4lab")
+CORE = PACKAGE / "core"
 _spec = importlib.util.spec_from_file_location("fp4lab_kernel_build", CORE / "kernel_build.py")
 kernel_build = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(kernel_build)
@@ -85,7 +87,7 @@ setup(
     ext_modules=[
         Extension(
             "fp4lab.core._kernels",
-            sources=[str(CORE / name) for name in kernel_build.NAMES],
+            sources=[str(PACKAGE / path) for path in kernel_build.SOURCES],
             depends=[str(CORE / name) for name in kernel_build.HEADERS],
             extra_compile_args=[*kernel_build.FLAGS, *kernel_build.QUIET],
             language="c++",

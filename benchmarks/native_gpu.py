@@ -46,8 +46,8 @@ import fp4lab as fl
 from fp4lab import schema
 from fp4lab.core.recipes import GemmRecipe
 from fp4lab.models.transformer import Transformer, TransformerConfig
+from fp4lab.ops import custom_vjp
 from fp4lab.ops import native as native_ops
-from fp4lab.ops import scaffold
 from fp4lab.ops.dot_general import DotGemm
 
 TOL = 1e-5  # FP32 accumulation order, relative to max |y|
@@ -94,7 +94,7 @@ def gemms(recipe, dn, backends, matmul=None, precision=None):
 
     def run(x, w, g):
         y, vjp = jax.vjp(
-            lambda a, b: scaffold.apply(gemm, a, b, (jax.random.key(0), {}, None)), x, w
+            lambda a, b: custom_vjp.apply(gemm, a, b, (jax.random.key(0), {}, None)), x, w
         )
         return y, vjp(g)
 

@@ -9,7 +9,7 @@ every 25 steps; `--steps` steps, 2 seeds) through the sweep's own `compute_cell`
             traced once before (what a rerun, an added seed or a worker process pays; timed
             inside child processes): both variants come from jax's persistent cache and the
             stored traced programs, since the reports go through a CPU kernel's queue
-            (`fp4lab.core.cpu_kernels.report_step`), not a Python callback
+            (`fp4lab.sweep.step_reports.report_step`), not a Python callback
 
 Each measurement runs in a process of its own (a child of this one, which interleaves the
 rounds and prints the table), so that no measurement finds another's programs in memory.

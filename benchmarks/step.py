@@ -55,7 +55,7 @@ Every table's header names the CPU, its vector extensions and the quantizer kern
 AVX-512 CPU. The figures, per CPU, are in docs/performance.md.
 
 The row "nvfp4 jnp quantizer" is the same nvfp4 model with its quantizers traced as the jnp
-reference (FP4LAB_QUANTIZER=reference) instead of the CPU kernel (`fp4lab.core.fused`): the
+reference (FP4LAB_QUANTIZER=reference) instead of the CPU kernel (`fp4lab.core.kernel_route`): the
 two give the same bits; the rows compare their cost in one process.
 
 Measured (2 CPUs, load average 1.7 at the start, 1.7 at the end, its own threads; jax 0.10.2):

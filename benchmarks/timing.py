@@ -31,7 +31,7 @@ def machine() -> str:
     """One line for a benchmark's header: date, CPU model, its vector extensions of `ISA`, the
     cores, the load average, and the clone of the quantizer kernel that runs (FP4LAB_CPU_CLONE
     where it forces one; "jnp reference" without the kernel)."""
-    from fp4lab.core import cpu_kernels, fused
+    from fp4lab.core import cpu_kernels, kernel_route
 
     model, flags = platform.processor() or platform.machine(), set()
     try:
@@ -47,7 +47,7 @@ def machine() -> str:
     if not (model and model != platform.machine()) and platform.system() == "Darwin":
         model = os.popen("sysctl -n machdep.cpu.brand_string").read().strip() or model
     isa = " ".join(f for f in ISA if f in flags) or "(not listed)"
-    kernel = fused.enabled() or "none: the jnp reference"
+    kernel = kernel_route.enabled() or "none: the jnp reference"
     forced = os.environ.get("FP4LAB_CPU_CLONE")
     clone = f"{kernel} (forced by FP4LAB_CPU_CLONE={forced})" if forced else f"{kernel} (widest)"
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3

@@ -114,7 +114,8 @@ def forced(**env: str):
 
 
 def reference_quantizer(on: bool = True):
-    """Quantizers traced inside run the jnp reference, not the CPU kernel (`fp4lab.core.fused`)."""
+    """Quantizers traced inside run the jnp reference, not the CPU kernel
+    (`fp4lab.core.kernel_route`)."""
     return forced(FP4LAB_QUANTIZER="reference") if on else forced()
 
 

@@ -1,16 +1,18 @@
 """CPU kernels of the numerics: C++ built at install (or on first use), called through XLA's FFI.
 
-    quantize.cc        x_hat of the block-scaled quantizers in one call (`fp4lab.core.fused`):
-                       a few kernels' worth of program instead of a dozen fusions, specialized
-                       to their shape, per operand for XLA to compile
+    quantize.cc        x_hat of the block-scaled quantizers in one call
+                       (`fp4lab.core.kernel_route` says when it runs): a few kernels' worth
+                       of program instead of a dozen fusions, specialized to their shape,
+                       per operand for XLA to compile
     operand_stats.cc   the telemetry's statistics of one quantized operand in one pass over
                        x and the grid values, x_hat computed on the way from the block and
                        outer scales (`fp4lab.core.stats`, method "fused")
     threefry.cc        the Threefry-2x32 hash of jax's fold_in and split (`fp4lab.core.prng`):
                        one instruction of the program where jax compiles a while loop at
                        every key the quantizers derive
-    progress.cc        step reports out of a compiled training run into a queue the host
-                       drains (`report_step`, `take_reports`): unlike a Python callback it
+    ../sweep/step_reports.cc
+                       step reports out of a compiled training run into a queue the host
+                       drains (`fp4lab.sweep.step_reports`): unlike a Python callback it
                        leaves the program one that jax's caches and jax.export keep
 
 XLA's CPU backend gives every reduction its own pass over its operand, with a full-size
@@ -66,14 +68,12 @@ __all__ = [
     "block_stats",
     "quantize_blocks",
     "threefry",
-    "report_step",
-    "take_reports",
     "cache_folder",
     "compile_command",
 ]
 
 SOURCE = Path(__file__).with_name("operand_stats.cc")  # the statistics kernel's C++ source
-SOURCES = tuple(Path(__file__).with_name(name) for name in kernel_build.NAMES)  # one library
+SOURCES = tuple(kernel_build.PACKAGE / path for path in kernel_build.SOURCES)  # one library
 _TARGET = "fp4lab_operand_stats"
 _THREEFRY = "fp4lab_threefry"
 _PROGRESS = "fp4lab_progress"
@@ -209,7 +209,7 @@ def quantize_blocks(
     keep_rotated: bool = False,
     **attrs: int | np.float32,
 ) -> jax.Array | tuple:
-    """x_hat of a blocked operand (quantize.cc; `fp4lab.core.fused` builds the arguments).
+    """x_hat of a blocked operand (quantize.cc; `fp4lab.core.kernel_route` builds the arguments).
 
     Args:
       xb: float32 (..., A, t1, B, t2), the quantizer's blocked view; blocks span t1 and t2.
@@ -285,52 +285,3 @@ def threefry(keys: jax.Array, counts: jax.Array) -> jax.Array:
         _THREEFRY, jax.ShapeDtypeStruct((*counts.shape, 2), jnp.uint32), vmap_method="expand_dims"
     )
     return call(keys, counts)
-
-
-def report_step(done: jax.Array, run: jax.Array, values: jax.Array) -> None:
-    """Queues one step report from inside a compiled program (`take_reports` drains it).
-
-    Args:
-      done: int32 (), the steps done.
-      run: uint32 (R,), the run's stream key data (it tells the seeds of a vmapped call apart).
-      values: float32 (V,), the step's outputs to report.
-    Marked as a side effect, so XLA neither removes nor merges it; it reads its operands and
-    writes nothing the program reads, so a program's results are those without it, bit for bit.
-    Vmapped calls queue one report per batch member.
-    Raises:
-      RuntimeError: the kernels cannot be built here (`build_error`).
-    """
-    if not available():
-        raise RuntimeError(f"fp4lab's CPU kernels are not available: {build_error()}")
-    call = jax.ffi.ffi_call(
-        _PROGRESS,
-        jax.ShapeDtypeStruct((), jnp.int32),
-        vmap_method="broadcast_all",
-        has_side_effect=True,
-    )
-    call(
-        jnp.asarray(done, jnp.int32),
-        jnp.asarray(run, jnp.uint32),
-        jnp.asarray(values, jnp.float32),
-    )
-
-
-def take_reports() -> list[tuple[int, tuple[int, ...], np.ndarray]]:
-    """The step reports queued since the last call, oldest first: (done, run words, values).
-    Safe to call from any thread while a program runs; [] without the kernels."""
-    handle = _build()[0]
-    if handle is None:
-        return []
-    shape = np.zeros(3, np.int64)
-    handle.fp4lab_progress_pending(shape.ctypes.data_as(ctypes.c_void_p))
-    n, r, v = (int(x) for x in shape)
-    if n == 0:
-        return []
-    done = np.zeros(n, np.int32)
-    run = np.zeros((n, r), np.uint32)
-    values = np.zeros((n, v), np.float32)
-    take = handle.fp4lab_progress_take
-    take.restype = ctypes.c_int64
-    args = (a.ctypes.data_as(ctypes.c_void_p) for a in (done, run, values))
-    got = take(ctypes.c_int64(n), *args)
-    return [(int(done[i]), tuple(int(w) for w in run[i]), values[i]) for i in range(got)]

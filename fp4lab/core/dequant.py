@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fp4lab.core import formats, scaling, tiny
+from fp4lab.core import formats, scaling, subnormal
 
 __all__ = ["grid_values", "dequantize_blocks", "dequantize_terms", "outer_scale"]
 
@@ -35,21 +35,21 @@ def grid_values(q: jax.Array, fmt: formats.ElementFormat) -> jax.Array:
 def dequantize_blocks(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope) -> jax.Array:
     """x_hat in the blocked view: grid values * block scale * outer, as `QTensor.dequantize`,
     rounded as IEEE float32 also where a scale is a subnormal XLA's CPU code reads as 0
-    (`tiny.dequantize_factors`); an x_hat below 2**-126 it writes as 0 of its sign.
+    (`subnormal.dequantize_factors`); an x_hat below 2**-126 it writes as 0 of its sign.
 
     Float grid values go in as they are: where q is NaN (a NaN input), a scale is NaN too
     (every rule in `scaling` puts it there), so x_hat is NaN as the codes would have it.
     Integer grids go through `grid_values`, which also turns -0 into 0.
     """
     vals, outer = dequantize_terms(scaled, fmt, scope)
-    vals, scale, outer = tiny.dequantize_factors(vals, scaled.scale, outer, fmt)
+    vals, scale, outer = subnormal.dequantize_factors(vals, scaled.scale, outer, fmt)
     return vals * scale * outer
 
 
 def dequantize_terms(scaled: scaling.Scaled, fmt: formats.ElementFormat, scope):
     """(grid values, outer scale) of `dequantize_blocks`: x_hat = (vals * scaled.scale) * outer,
     two IEEE float32 products in that order (as the fused statistics' kernel computes them,
-    from `tiny.dequantize_factors`); the outer scale broadcast to the scope amax's shape."""
+    from `subnormal.dequantize_factors`); the outer scale broadcast to the scope amax's shape."""
     vals = scaled.q if fmt.kind == "float" else grid_values(scaled.q, fmt)
     return vals, outer_scale(scaled, scope)
 

@@ -1,9 +1,10 @@
 """Building and finding the library of the CPU kernels: one build, which fails once and loudly.
 
-The C++ sources beside this module are compiled into one shared library against the FFI
-headers of jaxlib, at install (setup.py, which loads this file by its path: standard library
-only at import) or, where the install left none that fits, by the first process that needs a
-kernel (`load`). A library is stamped with `built_for()`:
+The C++ sources beside this module, and the step-report queue beside the sweep code that
+drains it (`SOURCES`), are compiled into one shared library against the FFI headers of jaxlib,
+at install (setup.py, which loads this file by its path: standard library only at import) or,
+where the install left none that fits, by the first process that needs a kernel (`load`).
+A library is stamped with `built_for()`:
 
     "<jaxlib version> ffi-<major>.<minor> <sha256 of the sources and headers>"
 
@@ -34,6 +35,7 @@ from pathlib import Path
 
 __all__ = [
     "NAMES",
+    "SOURCES",
     "HEADERS",
     "FLAGS",
     "FAILED",
@@ -49,8 +51,18 @@ __all__ = [
 ]
 
 HERE = Path(__file__).parent
-NAMES = ("operand_stats.cc", "quantize.cc", "threefry.cc", "progress.cc", "built_for.cc")
-HEADERS = ("cpu_env.h", "quantize_loops.h")  # included by the sources; in the digest too
+PACKAGE = HERE.parent  # the fp4lab folder: the sources' paths below are relative to it
+NAMES = ("operand_stats.cc", "quantize.cc", "threefry.cc", "built_for.cc")  # core's own sources
+# every source of the library, in the digest's order: core's, and the step-report queue beside
+# the sweep code that drains it
+SOURCES = (
+    "core/operand_stats.cc",
+    "core/quantize.cc",
+    "core/threefry.cc",
+    "sweep/step_reports.cc",
+    "core/built_for.cc",
+)
+HEADERS = ("cpu_env.h", "quantize_loops.h", "float_bits.h")  # in core/, included; in the digest
 # no reordering of float arithmetic (no contraction, no fast-math value changes); no trapping
 # math, which -fno-fast-math turns back on and which keeps GCC from if-converting (and so
 # from vectorizing) the quantizer's loops outside AVX-512 (it changes no value)
@@ -75,11 +87,12 @@ def _ffi_version(include: Path) -> str:
 
 
 def built_for(folder: Path = HERE) -> str:
-    """The stamp of a library built here from the sources in `folder`, against the installed
-    jaxlib: '<jaxlib version> ffi-<major>.<minor> <sha256 of the sources and headers>'."""
+    """The stamp of a library built here from the sources of the package whose core folder is
+    `folder` (`SOURCES`, from the package folder above it), against the installed jaxlib:
+    '<jaxlib version> ffi-<major>.<minor> <sha256 of the sources and headers>'."""
     digest = hashlib.sha256()
-    for name in NAMES + HEADERS:
-        digest.update((folder / name).read_bytes())
+    for path in [*SOURCES, *(f"core/{name}" for name in HEADERS)]:
+        digest.update((folder.parent / path).read_bytes())
     version = importlib.metadata.version("jaxlib")
     return f"{version} ffi-{_ffi_version(include_dir())} {digest.hexdigest()}"
 
@@ -196,7 +209,7 @@ def _built_here(stamp: str) -> tuple[Path | None, str]:
         # half-written file
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
-        sources = [str(HERE / name) for name in NAMES]
+        sources = [str(PACKAGE / path) for path in SOURCES]
         run = subprocess.run(
             [*command, *sources, "-o", tmp], capture_output=True, text=True, check=False
         )

@@ -1,7 +1,8 @@
 // Quantize-dequantize of one operand in one call: x_hat of fp4lab.core.quantize
 // .quantize_dequantize for the block-scaled rules of fp4lab.core.scaling that carry no
 // cross-element search (NVFP4 "te" without four-over-six, MX "floor" and "ceil"), called
-// through XLA's FFI (fp4lab.core.cpu_kernels builds this file; fp4lab.core.fused decides when).
+// through XLA's FFI (fp4lab.core.cpu_kernels builds this file; fp4lab.core.kernel_route
+// decides when).
 //
 // Input x, float32, the quantizer's blocked view, one group after another: pa block rows of t1
 // rows of nb * t2 elements, where block (r, b) holds elements b*t2 .. b*t2 + t2 - 1 of rows
@@ -17,8 +18,9 @@
 // the same float32 operations in the same order, in the floating-point environment of XLA's
 // own CPU code (round to nearest even, flush-to-zero, denormals-are-zero), which this kernel
 // sets on every thread for the call; the few steps the reference computes exactly below
-// 2**-126 (fp4lab.core.tiny: the reciprocal of S_enc, s_b * S_dec, amax / max) are computed
-// here from the bits in double precision, where they are exact or singly rounded:
+// 2**-126 (fp4lab.core.subnormal: the reciprocal of S_enc, s_b * S_dec, amax / max) are
+// computed here from the bits in double precision (float_bits.h), where they are exact or
+// singly rounded:
 //
 //   block amax   max of |x|'s bits, NaN read as +inf (scaling._amax)
 //   scope amax   per call ("tensor"), per block row ("row"), or the given one
@@ -28,7 +30,7 @@
 //                S_dec < 2**-60;  q = elem(x * e_b)
 //   MX           e = floor(log2 amax_b) - emax_elem, or ceil(log2 RN(amax_b / max_elem)),
 //                clamped; q = elem(x * 2**-e), scale 2**e
-//   x_hat        ((q * 1/2) * (2 s_b)) * S_dec', the factors of tiny.dequantize_factors
+//   x_hat        ((q * 1/2) * (2 s_b)) * S_dec', the factors of subnormal.dequantize_factors
 //
 // With `rotate` (the in-place view with t2 = 1, t1 the Hadamard's size), the operand is first
 // rotated along each block row's t1 rows as fp4lab.core.hadamard.rotate does it, into the
@@ -39,7 +41,7 @@
 //
 // Stochastic rounding draws element i's bits as fp4lab.core.prng.random_bits does: y0 ^ y1 of
 // threefry2x32(key, (0, c)), c the element's position in the moved layout (`stream` 0: its
-// position in the view; 1: the in-place view (P, L/tx, tx, Q/ty, ty) of layout.stream_index).
+// position in the view; 1: the in-place view (P, L/tx, tx, Q/ty, ty) of blocks.stream_index).
 // The work is shared with XLA's thread pool in parts of whole block rows; every element's value
 // depends on its block and scope only, so the number of threads never changes a bit. The
 // element loops (quantize_loops.h) exist once per instruction set, and attribute `clone` picks
@@ -63,89 +65,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr float kFltMax = 3.40282346638528859812e+38f;
-constexpr uint32_t kAbs = 0x7fffffffu, kInf = 0x7f800000u, kSign = 0x80000000u;
-
-inline float F(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-inline uint32_t U(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-inline float Nan() { return F(0x7fc00000u); }
-// XLA's min: NaN if either operand is NaN
-inline float Min(float a, float b) { return (a != a || b != b) ? Nan() : (b < a ? b : a); }
-inline bool BelowNormal(float v) { return std::fabs(v) < 0x1p-126f; }  // tiny.below_normal
-
-// |v| = n * 2**e exactly, from the bits (subnormals too): tiny._significand, as a double
-inline double Exact(float v) {
-  const uint32_t b = U(v) & kAbs;
-  const uint32_t field = b >> 23, mant = b & 0x7fffffu;
-  return field == 0 ? std::ldexp(double(mant), -149) : std::ldexp(double(mant | 0x800000u), int(field) - 150);
-}
-
-// RN(p) as float32 with gradual underflow, for 0 <= p below FLT_MAX, p a double: the float
-// bits built from the integer quantum count below 2**-126 (a conversion would flush there)
-inline float RoundToFloat(double p) {
-  if (p >= 0x1p-126) return static_cast<float>(p);
-  return F(static_cast<uint32_t>(std::nearbyint(p * 0x1p149)));  // m * 2**-149, m <= 2**23
-}
-
-// tiny.reciprocal: RN(1 / s) for finite s > 0, subnormal for s > 2**126
-inline float Reciprocal(float s) {
-  if (s > 0x1p126f && s <= kFltMax) return RoundToFloat(1.0 / double(s));
-  return 1.0f / s;
-}
-
-// tiny.product_up: RN(s * d) * 2**64, s an E4M3 value >= 0, d >= 0 (subnormal read from bits)
-inline float ProductUp(float s, float d) {
-  if (s != s || d != d) return Nan();
-  const double p = double(s) * Exact(d);  // exact: 4 and 24 significant bits
-  if (p >= 0x1p-126) return static_cast<float>(p * 0x1p64);
-  return static_cast<float>(std::nearbyint(p * 0x1p149)) * 0x1p-85f;
-}
-
-// formats.exponent: floor(log2 a) for a > 0 from the bits (subnormals included; inf/NaN: 128)
-inline int32_t Exponent(float a) {
-  const uint32_t b = U(a);
-  const int32_t field = (b >> 23) & 0xff, mant = b & 0x7fffff;
-  if (field != 0) return field - 127;
-  return (31 - __builtin_clz(std::max(mant, 1))) - 149;
-}
-
-// formats.pow2: 2**e for e in [-149, 127], from the bits
-inline float Pow2(int32_t e) {
-  if (e >= -126) return F(uint32_t(std::min(e, 127) + 127) << 23);
-  return F(uint32_t(1) << std::max(0, std::min(e + 149, 22)));
-}
-
-// formats.round_pow2(x, "ceil") then formats.exponent: the E8M0 exponent of RCEIL
-inline int32_t CeilExponent(float x) {
-  const uint32_t b = U(x);
-  const int32_t bits = int32_t(b);
-  const bool positive = bits > 0 && bits < int32_t(kInf);
-  if ((b & kAbs) >= kInf) return 128;  // round_pow2 gives NaN, whose exponent field is 255
-  if (!positive) return -127;
-  int32_t e = Exponent(x);
-  const uint32_t mant = b & 0x7fffffu;
-  uint32_t frac = mant;
-  if ((b & kInf) == 0) {
-    const int32_t top = 31 - __builtin_clz(std::max<uint32_t>(mant, 1));
-    frac = (mant << (23 - top)) & 0x7fffffu;
-  }
-  if (frac != 0) e += 1;
-  return std::max(-127, std::min(e, 127));
-}
-
-// tiny.divide for d a positive constant: RN(a / d), subnormal results included
-inline float Divide(float a, float d) {
-  if (a < d * 0x1p-126f) return RoundToFloat(Exact(a) / double(d));
-  return a / d;
-}
+#include "float_bits.h"  // F, U, Nan, Min, the steps below 2**-126, Exponent, Pow2
 
 // The Threefry-2x32 hash of the counter (0, c): prng.random_bits' y0 ^ y1
 inline uint32_t Rotl(uint32_t v, int r) { return (v << r) | (v >> (32 - r)); }
@@ -230,7 +150,7 @@ ScopeTerms TeScope(float amax_scope, bool has_scope, float inv_max) {
   s.t = s_enc * inv_max;
   const float outer = (U(amax_scope) & kAbs) < kInf ? s.s_dec : Nan();  // finite scope
   if (BelowNormal(outer)) {
-    s.outer = static_cast<float>(Exact(outer) * 0x1p64);  // tiny.lift: exact
+    s.outer = static_cast<float>(Exact(outer) * 0x1p64);  // subnormal.lift: exact
     s.down = 0x1p-64f;
   } else {
     s.outer = outer;

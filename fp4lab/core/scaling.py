@@ -1,5 +1,9 @@
 """Scale rules: scopes, tiles, block-scale formats and four-over-six.
 
+`scale_blocks` is the entry: it picks the rule a QuantSpec names and the scope amax (computed,
+or the one given), and applies the rule; the rules follow it in this file, and call down only,
+into `formats` (the element and scale grids) and `subnormal` (the steps below 2**-126).
+
 All functions work on a *blocked view* of a float32 array whose contraction axis is last:
 `xb` has shape (..., R/ty, ty, K/tx, tx) for tiles of ty x tx (ty = 1 for 1D tiles). Block
 amaxes have shape (..., R/ty, 1, K/tx, 1); scope amaxes broadcast against them.
@@ -34,12 +38,13 @@ dequantizes to NaN; quantization never turns a NaN into a finite number.
 
 Tiny input: the steps that can fall below float32's normal range (E8M0's 2**-127, 1 / S_enc
 and FP8's 1 / scale for scales above 2**126, s_b * S_dec, g and amax_b / max_elem) are computed
-as IEEE float32 computes them (`tiny`), also where the backend flushes subnormals (XLA on CPU);
+as IEEE float32 computes them (`subnormal`), also where the backend flushes subnormals (XLA on CPU);
 there an input below 2**-126 reads as 0, and the "jax" g is 1 for a scope amax below 2**-126.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -47,12 +52,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fp4lab.core import formats, tiny
+from fp4lab.core import formats, subnormal
 
 __all__ = [
     "Scaled",
-    "block_view",
-    "unblock",
+    "scale_blocks",
     "scope_amax",
     "block_amax",
     "nvfp4_te",
@@ -73,17 +77,62 @@ class Scaled(NamedTuple):
     map4: jax.Array | None = None  # four-over-six: True where a block chose map-to-4
 
 
-def block_view(x: jax.Array, tile: tuple[int, int]) -> jax.Array:
-    """(..., R, K) -> (..., R/ty, ty, K/tx, tx); shapes must already divide."""
-    ty, tx = tile
-    *lead, r, k = x.shape
-    return x.reshape(*lead, r // ty, ty, k // tx, tx)
+def scale_blocks(xb: jax.Array, spec, key, amax, index=None) -> tuple[Scaled, jax.Array | None]:
+    """(scaled, scope amax): the rule `spec` selects, applied to the blocked view xb.
+
+    Args:
+      xb: the prepared float32 input in its blocked view.
+      spec: the QuantSpec (its elem, block_scale, convention, outer, rounding, four_over_six,
+        scale_rounding).
+      key: the rounding key, for stochastic rounding.
+      amax: a given amax of the outer scope (delayed scaling; `_scope_from` reads it), or None
+        for the amax of xb (current scaling).
+      index: each element's position in the random stream, for a view laid out otherwise.
+    Pass-through casts (bf16, fp16, fp32) round each element and scale nothing (scope None).
+    """
+    fmt = formats.get_format(spec.elem)
+    if fmt.kind == "cast":
+        one = jnp.ones((1,) * xb.ndim, jnp.float32)
+        q = formats.cast_round(xb, fmt)
+        return Scaled(q, one, jnp.float32(1.0)), None
+    amax_b = block_amax(xb) if spec.block_scale is not None else None
+    if amax is None or spec.outer == "none":
+        scope = scope_amax(xb, spec.outer, amax_b)
+    else:
+        scope = _scope_from(amax, xb, spec.outer)
+    rnd = dict(rounding=spec.rounding, key=key, index=index)
+    if spec.block_scale == "e4m3":
+        if spec.convention == "te":
+            scaled = nvfp4_te(
+                xb, scope, elem=fmt, four_over_six=spec.four_over_six, amax_b=amax_b, **rnd
+            )
+        else:
+            scaled = nvfp4_jax(xb, scope, elem=fmt, **rnd)
+    elif spec.block_scale == "e8m0":
+        scaled = mx(xb, elem=fmt, scale_rounding=spec.scale_rounding, amax_b=amax_b, **rnd)
+    elif spec.block_scale == "fp32":
+        scaled = fp32_blocks(xb, elem=fmt, amax_b=amax_b, **rnd)
+    else:
+        scaled = per_scope(xb, scope, elem=fmt, **rnd)
+    return scaled, scope
 
 
-def unblock(xb: jax.Array) -> jax.Array:
-    """Inverse of `block_view`."""
-    *lead, rb, ty, kb, tx = xb.shape
-    return xb.reshape(*lead, rb * ty, kb * tx)
+def _scope_from(amax, xb, outer):
+    """A given scope amax in the shape of `scope_amax`: one value, or one per row ("row").
+
+    One value serves every row; otherwise there must be exactly one value per row, in the
+    rows' order (x with the quantized axis moved last and the others flattened).
+    """
+    a = jnp.asarray(amax, jnp.float32)
+    shape = (1,) * xb.ndim if outer == "tensor" else (*xb.shape[:-2], 1, 1)
+    if a.size == 1:
+        return jnp.broadcast_to(a.reshape(()), shape)
+    if a.size != math.prod(shape):
+        raise ValueError(
+            f"amax has {a.size} values; the {outer!r} scope of this input takes 1"
+            + (f" or {math.prod(shape)} (one per row)" if outer == "row" else "")
+        )
+    return a.reshape(shape)
 
 
 _ABS_BITS = np.uint32(0x7FFFFFFF)  # every bit but the sign
@@ -168,15 +217,17 @@ def _te_global(amax_scope: jax.Array | None, emax: float):
         return one, one
     s_enc = jnp.minimum(jnp.float32(emax * 6.0) / amax_scope, FLT_MAX)
     s_enc = jnp.where(s_enc == 0, jnp.float32(1.0), s_enc)
-    return s_enc, tiny.reciprocal(s_enc)  # 1 / S_enc, a subnormal for S_enc > 2**126
+    return s_enc, subnormal.reciprocal(s_enc)  # 1 / S_enc, a subnormal for S_enc > 2**126
 
 
 def _te_encode(s_b: jax.Array, s_dec: jax.Array) -> jax.Array:
     """e_b = min(1 / (s_b * S_dec), FLT_MAX), with s_b * S_dec rounded as IEEE float32 rounds
-    it also below the normal range (`tiny.product_up`, for S_dec < 2**-60: the same values
+    it also below the normal range (`subnormal.product_up`, for S_dec < 2**-60: the same values
     where the plain product is normal)."""
     plain = jnp.minimum(jnp.float32(1.0) / (s_b * s_dec), FLT_MAX)
-    lifted = (jnp.float32(1.0) / tiny.product_up(s_b, s_dec)) * jnp.float32(2.0**tiny.SHIFT)
+    lifted = (jnp.float32(1.0) / subnormal.product_up(s_b, s_dec)) * jnp.float32(
+        2.0**subnormal.SHIFT
+    )
     return jnp.where(s_dec < jnp.float32(2.0**-60), jnp.minimum(lifted, FLT_MAX), plain)
 
 
@@ -274,16 +325,16 @@ def nvfp4_jax(
     # Written with the same divisions as jax's quantizer (x / g, amax / 6, x / s_b): XLA
     # compiles a / broadcast(b) as a * (1 / b) in both, which keeps them bit-identical.
     # Below float32's normal range (a scope amax under 2688 * 2**-126), g is the IEEE subnormal
-    # (`tiny.divide`) and x / g is x * (1 / g) as XLA compiles it, 1 / g to 24 bits (it would
+    # (`subnormal.divide`) and x / g is x * (1 / g) as XLA compiles it, 1 / g to 24 bits (it would
     # overflow float32 for g < 2**-128), through operands lifted by 2**64.
     six = jnp.float32(elem.max)
     if amax_scope is None:
         g = jnp.float32(1.0)
     else:
-        g = tiny.divide(amax_scope, 6.0 * 448.0)  # >= 2**-138 for a normal amax
-        g = jnp.where(tiny.below_normal(amax_scope), jnp.float32(1.0), g)  # it reads as 0
-    lifted = (xb * tiny.opaque(2.0**tiny.SHIFT)) * (jnp.float32(1.0) / tiny.lift(g))
-    x = jnp.where(tiny.below_normal(g), lifted, xb / g)
+        g = subnormal.divide(amax_scope, 6.0 * 448.0)  # >= 2**-138 for a normal amax
+        g = jnp.where(subnormal.below_normal(amax_scope), jnp.float32(1.0), g)  # it reads as 0
+    lifted = (xb * subnormal.opaque(2.0**subnormal.SHIFT)) * (jnp.float32(1.0) / subnormal.lift(g))
+    x = jnp.where(subnormal.below_normal(g), lifted, xb / g)
     amax_b = block_amax(x)
     s_b, scale = _e4m3(jnp.clip(amax_b / six, 0, E4M3_MAX), amax_b)
     v = jnp.where(x == 0, x, x / s_b)
@@ -310,7 +361,7 @@ def mx(
         e = formats.exponent(jnp.where(amax_b > 0, amax_b, 1.0)) - elem.emax
         e = jnp.where(amax_b > 0, jnp.clip(e, -127, 127), -127)
     elif scale_rounding == "ceil":  # amax_b / max_elem as IEEE float32, subnormals included
-        e = formats.exponent(formats.round_pow2(tiny.divide(amax_b, elem.max), "ceil"))
+        e = formats.exponent(formats.round_pow2(subnormal.divide(amax_b, elem.max), "ceil"))
     else:
         raise ValueError(f"scale_rounding={scale_rounding!r}; allowed: 'floor', 'ceil'")
     # At most 127 - emax_elem, so that max_elem * 2**e stays finite in float32: "ceil" on an
@@ -365,7 +416,7 @@ def per_scope(
     bad = (amax_scope == 0) | (enc == 0) | ~jnp.isfinite(enc)
     enc = jnp.where(bad, jnp.float32(1.0), enc)
     q = _elements(xb * enc, elem, rounding, key, index)
-    outer = _outer(tiny.reciprocal(enc), amax_scope)  # a subnormal for enc > 2**126
+    outer = _outer(subnormal.reciprocal(enc), amax_scope)  # a subnormal for enc > 2**126
     return Scaled(q, one, _nan_carrier(xb, elem, amax_scope, outer))
 
 

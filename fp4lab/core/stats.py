@@ -16,9 +16,9 @@ Two methods compute them (`operand_stats(..., method=)`):
                  view (`quantize_view`: an inner axis blocked where it lies), by a C++ kernel
                  on the CPU (`fp4lab.core.cpu_kernels`) that computes x_hat from them and the
                  block and outer scales as the quantizer does (where the quantizer itself
-                 runs as its CPU kernel, `fp4lab.core.fused`, from that kernel's x_hat with
-                 scales of 1, and its saturated count: the same bits). The float sums run in double
-                 precision, so rel_err and bias are the float32 roundings of nearly exact
+                 runs as its CPU kernel, `fp4lab.core.kernel_route`, from that kernel's x_hat
+                 with scales of 1, and its saturated count: the same bits). The float sums run in
+                 double precision, so rel_err and bias are the float32 roundings of nearly exact
                  values; both are NaN for an operand holding a NaN or an infinity.
     "reference"  the jnp formulas, float32 sums in the order XLA gives them, in the moved
                  layout: what fp4lab recorded before the fused statistics, and still what runs
@@ -47,7 +47,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from fp4lab.core import cpu_kernels, formats, fused, scaling, tiny
+from fp4lab.core import blocks, cpu_kernels, formats, kernel_route, scaling, subnormal
 from fp4lab.core.quantize import (
     dequantize_blocks,
     dequantize_terms,
@@ -94,7 +94,7 @@ def operand_stats(
     """
     if check_method(method) == "fused" and not _kernel_here():
         method = "reference"
-    return _operand_stats(a, spec, key, transform_key, amax, method, fused.enabled())
+    return _operand_stats(a, spec, key, transform_key, amax, method, kernel_route.enabled())
 
 
 def operand_stats_deferred(
@@ -110,7 +110,7 @@ def operand_stats_deferred(
     quantizes `a` again in its own layout, as the reference always has.
     """
     if check_method(method) == "fused" and _kernel_here():
-        x_hat, parts = _deferred_parts(a, spec, key, transform_key, amax, fused.enabled())
+        x_hat, parts = _deferred_parts(a, spec, key, transform_key, amax, kernel_route.enabled())
         fmt = formats.get_format(spec.elem)
         return x_hat, functools.partial(_measure_parts, *parts, fmt)
     x_hat = quantize_dequantize(
@@ -128,15 +128,15 @@ def _deferred_parts(a, spec, key, transform_key, amax, kernel):
     """x_hat (`quantize_dequantize`'s, rotated), and what the statistics kernel measures it
     from: the blocked input, the element grid values, the block and outer scales (x_hat's
     blocks are their products, taken as `dequantize_blocks` takes them:
-    `tiny.dequantize_factors`, so that no factor is a subnormal the kernel's flush-to-zero
+    `subnormal.dequantize_factors`, so that no factor is a subnormal the kernel's flush-to-zero
     arithmetic would read as 0) and four-over-six's choices (None without it).
 
-    Where the quantizer runs as its CPU kernel (`kernel`, `fp4lab.core.fused`), x_hat's blocks
-    come from it with the saturated fraction (and the rotated input, where the kernel
+    Where the quantizer runs as its CPU kernel (`kernel`, `fp4lab.core.kernel_route`), x_hat's
+    blocks come from it with the saturated fraction (and the rotated input, where the kernel
     rotates), and stand for the grid values with scales of 1: (x_hat * 1) * 1 is x_hat, so the
     statistics kernel's sums are the same bits."""
     a = jnp.asarray(a)
-    if kernel and fused.supports(spec, key, amax) and a.size < 2**32:
+    if kernel and kernel_route.supports(spec, key, amax) and a.size < 2**32:
         xhat_b, transform_key, view, xb, saturated = kernel_blocks(
             a, spec, key, transform_key, amax, measure=True
         )
@@ -146,7 +146,7 @@ def _deferred_parts(a, spec, key, transform_key, amax, kernel):
     x_hat, xb, scaled, scope = dequantized_view(a, spec, key, transform_key, amax, True)
     fmt = formats.get_format(spec.elem)
     vals, outer = dequantize_terms(scaled, fmt, scope)
-    factors = tiny.dequantize_factors(vals, scaled.scale, outer, fmt)
+    factors = subnormal.dequantize_factors(vals, scaled.scale, outer, fmt)
     return x_hat, (xb, *factors, scaled.map4, None)
 
 
@@ -156,7 +156,7 @@ def _measure_parts(xb, vals, scale, outer, map4, saturated, fmt):
     The kernel computes x_hat from the grid values and the scales rather than reading it: the
     GEMM's x_hat can then be written straight in the layout the GEMM wants (a transposed copy
     for the Wgrad operands), without a second copy in the blocked view for the kernel."""
-    vmax = fmt.max * tiny.grid_unit(fmt)  # |vals| of a saturated element
+    vmax = fmt.max * subnormal.grid_unit(fmt)  # |vals| of a saturated element
     if saturated is not None:  # the quantizer kernel's x_hat and count (`_deferred_parts`)
         five = cpu_kernels.block_stats(xb, vals, scale, outer, float("inf")).at[3].set(saturated)
     else:
@@ -212,7 +212,7 @@ def _reference(a, spec, key, transform_key, amax):
     underflow = jnp.mean(live & dead)
     map4 = jnp.float32(0.0) if scaled.map4 is None else jnp.mean(scaled.map4)
     stats = jnp.stack([rel, bias, flush, saturated, underflow, map4]).astype(jnp.float32)
-    x_hat = restore(scaling.unblock(xhat_b), spec, a.shape, a.dtype, transform_key, rotated=True)
+    x_hat = restore(blocks.unblock(xhat_b), spec, a.shape, a.dtype, transform_key, rotated=True)
     return x_hat, stats
 
 

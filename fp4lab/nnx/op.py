@@ -37,7 +37,7 @@ from flax import nnx
 from fp4lab.core import prng, recipes
 from fp4lab.core.stats import check_method, relative_drift
 from fp4lab.nnx.state import AmaxHistory, GradProbe, LayerIndex, OpStats, QuantKey
-from fp4lab.ops import scaffold
+from fp4lab.ops import custom_vjp
 from fp4lab.ops.conv import qconv_general_dilated
 from fp4lab.ops.dot_general import qdot_general
 from fp4lab.schema import BWD_OPERANDS, FWD_OPERANDS, STATS
@@ -314,7 +314,7 @@ class QuantizedDot(QuantizedOp):
     op = "dot_general"
     stackable = True
 
-    @scaffold.named_layer
+    @custom_vjp.named_layer
     def __call__(self, *args, **kwargs):
         return self.dot_general(*args, key=self.next_key(), **kwargs)
 
@@ -325,7 +325,7 @@ class QuantizedEinsum(QuantizedOp):
     op = "einsum"
     stackable = True
 
-    @scaffold.named_layer
+    @custom_vjp.named_layer
     def __call__(self, *args, **kwargs):
         return self.einsum(*args, key=self.next_key(), **kwargs)
 
@@ -336,7 +336,7 @@ class QuantizedConv(QuantizedOp):
     op = "conv"
     delayed_scaling = False
 
-    @scaffold.named_layer
+    @custom_vjp.named_layer
     def __call__(self, *args, **kwargs):
         key = self.next_key()
         if self.shadow:
@@ -369,7 +369,7 @@ class QuantizedAttention(QuantizedOp):
     def stat_layers(self) -> list[str]:
         return [f"{self.path}.scores", f"{self.path}.values"]
 
-    @scaffold.named_layer
+    @custom_vjp.named_layer
     def __call__(
         self,
         query,

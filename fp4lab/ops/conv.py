@@ -21,7 +21,7 @@ from jax import lax
 
 from fp4lab.core import recipes
 from fp4lab.core.stats import check_method
-from fp4lab.ops import scaffold
+from fp4lab.ops import custom_vjp
 from fp4lab.ops.layout import ConvLayout
 from fp4lab.ops.plan import Gemm, resolve_recipe
 
@@ -107,4 +107,4 @@ def qconv_general_dilated(
         kwargs=tuple(sorted((k, _hashable(v)) for k, v in kwargs.items())),
         conv_layout=conv_layout,
     )
-    return scaffold.apply(gemm, lhs, rhs, (key, {}, measure), probe)
+    return custom_vjp.apply(gemm, lhs, rhs, (key, {}, measure), probe)

@@ -17,7 +17,7 @@ from jax import lax
 
 from fp4lab.core import recipes
 from fp4lab.core.stats import check_method
-from fp4lab.ops import layout, native, scaffold
+from fp4lab.ops import custom_vjp, layout, native
 from fp4lab.ops.layout import DotLayout
 from fp4lab.ops.plan import Gemm, operand_keys, resolve_recipe
 
@@ -161,4 +161,4 @@ def qdot_general(
         preferred_element_type=preferred_element_type,
         backends=tuple(c.backend for c in native.gemm_backends(recipe, backend)),
     )
-    return scaffold.apply(gemm, lhs, rhs, (key, amax, measure), probe)
+    return custom_vjp.apply(gemm, lhs, rhs, (key, amax, measure), probe)

@@ -3,6 +3,7 @@
     experiment   experiment files: get_config(), sweep(add), cells and seeds
     design       seed designs: crossed() crosses the quant stream with the others
     compute      compute_cell: one cell's seeds as compiled runs, a call per batch (any process)
+    step_reports report_step / take_reports: step reports out of a compiled run (a C++ queue)
     programs     cells' traced programs on disk (jax.export): later processes skip the trace
     executors    local executors (in process, worker processes)
     ray          the Ray executor (workers compute, the driver writes)

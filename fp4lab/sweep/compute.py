@@ -45,6 +45,7 @@ import numpy as np
 from fp4lab.core import cpu_kernels
 from fp4lab.schema import STREAMS
 from fp4lab.sweep import programs as stored_programs
+from fp4lab.sweep import step_reports
 from fp4lab.sweep.provenance import cpu
 from fp4lab.train.config import Config
 
@@ -105,7 +106,7 @@ def _kernel_reports() -> bool:
 def _emit(done, run, out) -> None:
     """The step report compiled into a cell with progress (traced; `trainer.make_train`)."""
     if _kernel_reports():
-        cpu_kernels.report_step(done, run, jnp.stack([out[k] for k in _OUT]))
+        step_reports.report_step(done, run, jnp.stack([out[k] for k in _OUT]))
     else:
         jax.debug.callback(_on_step, done, run, out)
 
@@ -125,11 +126,11 @@ class _Drain:
 
     @staticmethod
     def flush() -> None:
-        for done, run, values in cpu_kernels.take_reports():
+        for done, run, values in step_reports.take_reports():
             _on_step(done, run, dict(zip(_OUT, values, strict=True)))
 
     def __enter__(self):
-        cpu_kernels.take_reports()  # left by an interrupted call: they belong to no one
+        step_reports.take_reports()  # left by an interrupted call: they belong to no one
         self.thread.start()
         return self
 
@@ -238,7 +239,7 @@ def compute_cell(
     the compile events only, and the program of a run without them) from inside the
     compiled loop. The numbers are bit-identical with and without it. The program with reports is
     compiled (and cached) apart from the one without; on the CPU its reports go through a
-    kernel's queue (`fp4lab.core.cpu_kernels.report_step`, drained by a thread while it runs),
+    kernel's queue (`fp4lab.sweep.step_reports.report_step`, drained by a thread while it runs),
     so jax's persistent cache and the stored programs keep it as they keep the one without;
     elsewhere, or without the kernels, through a Python callback, which they do not keep.
     """

@@ -16,7 +16,7 @@ fp4lab, jax, jaxlib, flax, optax, ml_dtypes, numpy), jax's flags, the backend an
 CPU kernels can be built (without them telemetry traces its reference formulas). What it cannot see
 is code that changes fp4lab while it runs (a function patched from an experiment file or a test):
 such runs should turn the cache off (`--no-compile-cache`). Step reports go through a CPU kernel
-(`fp4lab.core.cpu_kernels.report_step`), so a program with them is stored too (its key counts the
+(`fp4lab.sweep.step_reports.report_step`), so a program with them is stored too (its key counts the
 steps between reports); where the kernels do not build, reports are a Python callback, and such a
 program cannot be exported and is not stored.
 """

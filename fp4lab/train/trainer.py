@@ -413,7 +413,7 @@ def make_train(
         counter: `done` the steps done so far (int32), `run` the key data of the run's streams
         (uint32, `STREAMS` order; it tells the seeds of a vmapped call apart, one call per
         seed), `out` {loss, grad_norm, loss_scale} of that step. It must read values and
-        return nothing (a side effect: `fp4lab.core.cpu_kernels.report_step`, or a
+        return nothing (a side effect: `fp4lab.sweep.step_reports.report_step`, or a
         `jax.debug.callback`); scans of one step are then called directly (XLA inlines them
         only without a side effect), so every result (series, telemetry, evaluation) is
         bit-identical with and without it (tested on CPU).

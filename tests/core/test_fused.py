@@ -1,4 +1,4 @@
-"""The quantizer's CPU kernel (`fp4lab.core.fused`) against the reference it replaces.
+"""The quantizer's CPU kernel (`fp4lab.core.kernel_route`) against the reference it replaces.
 
 `quantize_dequantize` runs the block-scaled rules as one kernel call on the CPU; the
 reference is the jnp quantizer of `fp4lab.core.scaling` (`dequantized_view`), itself held to
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import fp4lab as fl
-from fp4lab.core import cpu_kernels, fused
+from fp4lab.core import cpu_kernels
+from fp4lab.core import kernel_route as fused
 from fp4lab.core.hadamard import Hadamard
 from fp4lab.core.quantize import dequantized_view, quantize_dequantize
 

@@ -13,7 +13,8 @@ import pytest
 import fp4lab as fl
 from fp4lab import schema
 from fp4lab.core import recipes
-from fp4lab.ops import native, scaffold
+from fp4lab.ops import custom_vjp as scaffold
+from fp4lab.ops import native
 from fp4lab.ops.dot_general import DotGemm, qdot_general
 
 DN = (((2,), (0,)), ((), ()))

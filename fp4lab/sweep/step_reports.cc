@@ -1,6 +1,7 @@
 // Step reports out of a compiled training run, without a host callback: the kernel appends each
-// report to a queue in this library and the host drains it (fp4lab.core.cpu_kernels.progress and
-// drain_progress). A program that calls it is an ordinary XLA program, so jax's persistent cache
+// report to a queue in this library and the host drains it (fp4lab.sweep.step_reports: report_step
+// and take_reports). Built into the one library of fp4lab's CPU kernels (fp4lab.core.kernel_build).
+// A program that calls it is an ordinary XLA program, so jax's persistent cache
 // and jax.export keep it, which they do not for a program with a Python callback.
 //
 // Inputs (a vmapped call adds leading batch axes, the same on all three): done int32 (...), the

@@ -1,10 +1,11 @@
-"""The quantizer as one CPU kernel call: x_hat of `quantize_dequantize` where the kernel has it.
+"""When the quantizer runs as one CPU kernel call, and that call: x_hat of `quantize_dequantize`
+where the kernel has it (`enabled`, `supports`, `rotates`, `dequantized_blocks`).
 
 XLA compiles the reference quantizer (`fp4lab.core.scaling`, written in jnp) into about a
 dozen fusions per operand shape: the block and tensor amaxes, the scalar chain of the outer
-scale, the per-block scales and the element pass, and, below 2**-126, the exact arithmetic of
-`fp4lab.core.tiny`. A model that is not scanned holds one copy per GEMM operand, and most of
-its first call is XLA compiling them (`benchmarks/step.py --model user`). On the CPU backend
+scale, the per-block scales and the element pass, and, below 2**-126, the exact arithmetic
+of `fp4lab.core.subnormal`. A model that is not scanned holds one copy per GEMM operand, and
+most of its first call is XLA compiling them (`benchmarks/step.py --model user`). On the CPU backend
 the same x_hat comes from one call of the C++ kernel of `fp4lab.core.cpu_kernels`
 (quantize.cc), bit for bit: the same float32 operations in the same order, in XLA's own
 floating-point environment (tests/core/test_fused.py holds the two paths to the same bits over
@@ -80,7 +81,7 @@ def supports(spec: QuantSpec, key, amax) -> bool:
 
 def rotates(spec: QuantSpec, view) -> bool:
     """Whether the kernel rotates the operand too: `spec`'s Hadamard is one block row of the
-    in-place view (`layout.in_place_view`'s sizes, or None), a tile (1, n) along an inner
+    in-place view (`blocks.in_place_view`'s sizes, or None), a tile (1, n) along an inner
     axis with n the Hadamard's size (the Wgrad operands of the NVFP4 recipe)."""
     if spec.transform is None or view is None:
         return False
@@ -100,12 +101,12 @@ def dequantized_blocks(
     count: bool = False,
     keep_rotated: bool = False,
 ):
-    """x_hat of the blocked view xb (`quantize.quantize_view`'s, rotated, float32), as
-    `quantize.dequantize_blocks` computes it from the reference's scales.
+    """x_hat of the blocked view xb (`fp4lab.core.blocks`', rotated, float32), as
+    `dequant.dequantize_blocks` computes it from the reference's scales.
 
     Args:
       xb: (..., A, t1, B, t2), the moved layout's view, or with `in_place` the in-place view
-        (P, L/tx, tx, Q/ty, ty) of `fp4lab.core.layout`.
+        (P, L/tx, tx, Q/ty, ty) of `fp4lab.core.blocks`.
       spec: a spec the kernel `supports`.
       key: the rounding key (the first of `prng.split`), for stochastic rounding.
       amax: a given scope amax (delayed scaling), or None.

@@ -24,7 +24,7 @@ import functools
 
 import jax
 
-from fp4lab.core import fused, recipes
+from fp4lab.core import kernel_route, recipes
 
 __all__ = ["apply", "at_layer", "calling", "named_layer"]
 
@@ -80,7 +80,7 @@ def at_layer(layers: dict[str, str], error: ValueError) -> ValueError:
     return ValueError(out)
 
 
-# `kernel` (`fused.enabled()` when the op is traced) only keys the traces: the quantizers
+# `kernel` (`kernel_route.enabled()` when the op is traced) only keys the traces: the quantizers
 # inside read it themselves, and a trace kept from before FP4LAB_QUANTIZER changed would
 # otherwise hold the other quantizer.
 def _forward(gemm, kernel, lhs, rhs, aux):
@@ -140,4 +140,4 @@ def apply(gemm, lhs, rhs, aux, probe=None):
     if _CALLER[0] is not None:
         path, recipe = _CALLER[0]
         _SEEN.setdefault((gemm, lhs.shape, rhs.shape), {})[path] = recipe
-    return _vjp(gemm, fused.enabled(), lhs, rhs, aux, probe)
+    return _vjp(gemm, kernel_route.enabled(), lhs, rhs, aux, probe)
