@@ -4,7 +4,7 @@
 // clone per call. Every loop is free of branches on the data (selects and bit operations
 // only), so the compiler vectorizes it in each clone; the arithmetic is the same float32
 // operations in the same order in all of them (no contraction, no reassociation), so every
-// clone gives the same bits (tests/core/test_fused_clones.py). No include guard: included
+// clone gives the same bits (tests/core/test_fused.py). No include guard: included
 // once per clone, after the scalar helpers it inlines.
 
 // BlockTerms of NVFP4 "te" for n blocks with amax bits m, where S_dec >= 2**-60 (no lift), in
