@@ -1,31 +1,42 @@
-"""The fresh-seed replication of the MXFP4 ladder with residual outliers: its words.csv is the
-word comparison of the committed, fresh and pooled tables it sits beside, and the counts and
-rows that results/README.md and the README state are those of words.csv."""
+"""The fresh-seed replications of the LM studies: each words.csv is the word comparison of the
+committed, fresh and pooled tables it sits beside, and the counts and rows that
+results/README.md and the README state are those of words.csv."""
 
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from fp4lab.analysis.replication import compare_words
 
-ROOT = Path(__file__).resolve().parents[2]
-STUDY = ROOT / "results" / "mxfp4_ladder_lm_outliers"
-FRESH = ROOT / "results" / "mxfp4_ladder_lm_outliers_fresh8"
-TABLES = ("overhead", "against_all_three", "overhead_train", "gap_hp")
+ROOT = Path(__file__).resolve().parents[2] / "results"
+STUDIES = {
+    "mxfp4_ladder_lm_outliers": ("overhead", "against_all_three", "overhead_train", "gap_hp"),
+    "mxfp4_ladder_lm": ("overhead", "overhead_train", "gap_hp"),
+}
 
 
-def _tables(folder: Path) -> dict[str, pd.DataFrame]:
-    return {name: pd.read_csv(folder / f"{name}.csv") for name in TABLES}
+def _tables(folder: Path, names) -> dict[str, pd.DataFrame]:
+    return {name: pd.read_csv(folder / f"{name}.csv") for name in names}
 
 
-def test_words_are_the_comparison_of_the_tables_beside_them():
-    got = compare_words(_tables(STUDY), _tables(FRESH), _tables(FRESH / "pooled"))
-    words = pd.read_csv(FRESH / "words.csv", keep_default_na=False)
+@pytest.mark.parametrize("study", sorted(STUDIES))
+def test_words_are_the_comparison_of_the_tables_beside_them(study):
+    fresh, names = ROOT / f"{study}_fresh8", STUDIES[study]
+    got = compare_words(
+        _tables(ROOT / study, names), _tables(fresh, names), _tables(fresh / "pooled", names)
+    )
+    words = pd.read_csv(fresh / "words.csv", keep_default_na=False)
     pd.testing.assert_frame_equal(got.astype(str), words.astype(str))
 
 
-def test_the_stated_replications():
-    words = pd.read_csv(FRESH / "words.csv").set_index(["table", "row"])["replication"]
+def _words(study: str) -> pd.Series:
+    words = pd.read_csv(ROOT / f"{study}_fresh8" / "words.csv")
+    return words.set_index(["table", "row"])["replication"]
+
+
+def test_the_stated_replications_with_outliers():
+    words = _words("mxfp4_ladder_lm_outliers")
     counts = words.value_counts().to_dict()
     assert counts == {"replicated": 24, "not replicated": 2, "only pooled": 2, "not judged": 3}
     assert words[("against_all_three", "all+h16 random signs")] == "replicated"
@@ -34,7 +45,27 @@ def test_the_stated_replications():
     assert words[("against_all_three", "fprop")] == "not replicated"
     assert words[("against_all_three", "all+sr")] == "only pooled"
     assert words[("overhead_train", "all+h32")] == "only pooled"
-    fresh = pd.read_csv(FRESH / "against_all_three.csv").set_index("cell")
-    row = fresh.loc["all+h16 random signs"]
+    fresh = pd.read_csv(ROOT / "mxfp4_ladder_lm_outliers_fresh8" / "against_all_three.csv")
+    row = fresh.set_index("cell").loc["all+h16 random signs"]
     assert (round(100 * row.overhead), round(100 * row.overhead_lo)) == (-8, -14)
     assert round(100 * row.overhead_hi) == -2 and row.overhead_word == "lower"
+
+
+def test_the_stated_replications_without_outliers():
+    words = _words("mxfp4_ladder_lm")
+    assert words.value_counts().to_dict() == {
+        "replicated": 20,
+        "not replicated": 1,
+        "not judged": 2,
+    }
+    assert words[("gap_hp", "fprop - fp8")] == "not replicated"
+    assert (words.xs("overhead", level="table").drop("fp8") == "replicated").all()
+    fresh = ROOT / "mxfp4_ladder_lm_fresh8"
+    gap = pd.read_csv(fresh / "gap_hp.csv").set_index("term").loc["fprop - fp8"]
+    assert (gap.verdict, round(gap.effect, 4), round(gap.lo, 4)) == ("higher", 0.0025, 0.0007)
+    held_out = pd.read_csv(fresh / "overhead.csv").set_index("cell")
+    assert (held_out.overhead_word.drop("fp8") == "no evidence").all()
+    train = pd.read_csv(fresh / "overhead_train.csv").set_index("cell")
+    assert [
+        round(100 * train.overhead[c]) for c in ("fprop", "fprop+dgrad", "fprop+dgrad+wgrad")
+    ] == [4, 12, 15]
