@@ -9,7 +9,9 @@ the runner and store a sweep uses: finished runs are skipped, a killed replicati
 where it stopped, any executor computes it. Seeds that any stream of the committed runs has
 already used are refused: a replication on seeds the study saw is no replication. Then the
 experiment file's `analyze(results)` runs on the fresh runs and on the committed and fresh runs
-pooled, and `analysis.replication.compare_words` reads every worded row against the committed
+pooled (a Results whose path is the committed folder, so that an `analyze` that reads a
+file beside the runs, such as a thinned study's saved outcomes, reads the committed one), and
+`analysis.replication.compare_words` reads every worded row against the committed
 table (the folder's CSV where it has one, else `analyze` of the committed runs).
 
 Writes into the fresh folder: the fresh tables (`<name>.csv`, as `fp4lab run` does),
@@ -116,8 +118,10 @@ def replicate(
     if counts["failed"]:
         raise ExperimentError(f"{out}: {counts['failed']} fresh run(s) failed; rerun to retry")
     fresh = load(out)
+    # the pooled runs are the committed study's with the fresh ones added: files that analyze
+    # reads beside the runs (a thinned study's saved telemetry outcomes) are the committed ones
     pooled = Results(
-        out,
+        folder,
         pd.concat([committed.runs, fresh.runs], ignore_index=True),
         pd.concat([committed.metrics, fresh.metrics], ignore_index=True),
         manifest,

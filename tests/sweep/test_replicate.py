@@ -85,6 +85,41 @@ def test_words_on_fresh_and_pooled_seeds_and_a_rerun_computes_nothing(tmp_path):
     assert calls == [] and again.equals(words)  # finished runs are never recomputed
 
 
+THINNED = """
+from pathlib import Path
+
+import pandas as pd
+
+from fp4lab import analysis
+
+
+def analyze(results):
+    # as a thinned study does: runs whose telemetry was dropped (here the committed seeds 0-3)
+    # read the value their study saved beside them
+    runs = results.runs
+    old = runs["seed_init"] < 4
+    if old.any():
+        saved = pd.read_csv(Path(results.path) / "saved.csv", index_col="run_id")["gap"]
+        runs = runs.assign(loss_gap=runs["loss_gap"].where(~old, runs["run_id"].map(saved)))
+    v = analysis.verdict(runs, "loss_gap", baseline="recipe=bf16")
+    return {"paired": analysis.fixed_rows(v)}
+"""
+
+
+def test_the_pooled_runs_read_what_a_thinned_study_saved_beside_its_runs(tmp_path):
+    folder = committed(tmp_path)
+    path = folder.parent.parent / "exp" / "study.py"
+    head, _ = path.read_text().split("def analyze")
+    path.write_text(head + textwrap.dedent(THINNED))
+    runs = fl.load(folder).runs
+    # the saved values: the records' gaps, NVFP4's lowered by 1 (the pooled word then flips)
+    gap = runs["loss_gap"] - 1.0 * (runs["recipe"] == "nvfp4")
+    pd.DataFrame(dict(run_id=runs["run_id"], gap=gap)).to_csv(folder / "saved.csv", index=False)
+    words = fl.replicate(folder, 4, compute=planted, progress=False)
+    row = words.set_index("row").loc["recipe=nvfp4 - recipe=bf16"]
+    assert (row["fresh"], row["pooled"]) == ("higher", "no evidence")
+
+
 def test_seeds_the_study_used_are_refused(tmp_path):
     folder = committed(tmp_path)
     for start in (1, 3):
