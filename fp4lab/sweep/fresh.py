@@ -10,7 +10,8 @@ where it stopped, any executor computes it. Seeds that any stream of the committ
 already used are refused: a replication on seeds the study saw is no replication. Then the
 experiment file's `analyze(results)` runs on the fresh runs and on the committed and fresh runs
 pooled (a Results whose path is the committed folder, so that an `analyze` that reads a
-file beside the runs, such as a thinned study's saved outcomes, reads the committed one), and
+file beside the runs, such as a thinned study's saved outcomes, reads the committed one; a
+stream a cell holds at one seed in both is one level pooled: `one_level_kept`), and
 `analysis.replication.compare_words` reads every worded row against the committed
 table (the folder's CSV where it has one, else `analyze` of the committed runs).
 
@@ -31,7 +32,7 @@ from fp4lab.sweep.experiment import Experiment, ExperimentError, load_experiment
 from fp4lab.sweep.runner import run_experiment
 from fp4lab.sweep.store import Results, load
 
-__all__ = ["fresh_experiment", "replicate"]
+__all__ = ["fresh_experiment", "one_level_kept", "replicate"]
 
 
 def fresh_experiment(experiment: Experiment, used: dict[str, set], seeds_from: int) -> Experiment:
@@ -57,6 +58,22 @@ def fresh_experiment(experiment: Experiment, used: dict[str, set], seeds_from: i
                 )
         cells.append(dataclasses.replace(cell, seeds=triples))
     return dataclasses.replace(experiment, cells=tuple(cells))
+
+
+def one_level_kept(committed: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame:
+    """`fresh` runs with each stream that a cell holds at one seed, in the committed runs and
+    in the fresh ones, given the committed seed: such a stream is a constant of the cell (BF16
+    draws nothing from the quant stream, whose seed moved from 0 to N only to clear the used
+    seeds), one level pooled as it is in each half, not a two-level factor confounded with the
+    halves (which would leave the pooled contrasts "too few seeds")."""
+    out = fresh.copy()
+    for cell, rows in fresh.groupby("cell", sort=False):
+        before = committed[committed["cell"] == cell]
+        for s in STREAMS:
+            col = f"seed_{s}"
+            if before[col].nunique() == 1 and rows[col].nunique() == 1:
+                out.loc[rows.index, col] = before[col].iloc[0]
+    return out
 
 
 def replicate(
@@ -122,7 +139,7 @@ def replicate(
     # reads beside the runs (a thinned study's saved telemetry outcomes) are the committed ones
     pooled = Results(
         folder,
-        pd.concat([committed.runs, fresh.runs], ignore_index=True),
+        pd.concat([committed.runs, one_level_kept(committed.runs, fresh.runs)], ignore_index=True),
         pd.concat([committed.metrics, fresh.metrics], ignore_index=True),
         manifest,
     )

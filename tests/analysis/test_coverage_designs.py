@@ -4,7 +4,8 @@ they were run at, by simulation (the generic designs are in test_coverage.py).
     two-stream generalized   the LM verdict's contrasts (randomness_vs_error_lm): paired on
                              init x data seeds, 10 x 10 and 5 x 5, at 95 % and 1 - 0.05/22
     pigeonhole, two blocks   the same pooled with its fresh-seed replication: two such
-                             blocks on disjoint levels (not crossed)
+                             blocks on disjoint levels (not crossed), at 95 %, 1 - 0.05/6
+                             (the pooled verdict's family) and 1 - 0.05/22
     paired t, Bonferroni     the verdicts' fixed rows over seed triples (i, i, i) and
                              rl_deep's contrasts: n = 4-8 pairs, families of 4 to 20;
                              family 1: the per-row t-intervals (progress.csv, paired.csv)
@@ -86,7 +87,9 @@ def test_the_library_s_contrast_is_the_simulated_interval():
     assert interval.method == "generalized" and (interval.lo, interval.hi) == (ends.lo, ends.hi)
 
 
-@pytest.mark.parametrize("level", [0.95, LM_LEVEL], ids=["95%", "bonferroni-22"])
+@pytest.mark.parametrize(
+    "level", [0.95, 1 - 0.05 / 6, LM_LEVEL], ids=["95%", "bonferroni-6", "bonferroni-22"]
+)
 @pytest.mark.parametrize("levels", [10, 5])
 @pytest.mark.parametrize("design", sorted(TWO_STREAM))
 def test_the_pooled_two_blocks_pigeonhole_interval_covers(design, levels, level):

@@ -10,9 +10,10 @@ import pytest
 from fp4lab.analysis.replication import compare_words
 
 ROOT = Path(__file__).resolve().parents[2] / "results"
-STUDIES = {
-    "mxfp4_ladder_lm_outliers": ("overhead", "against_all_three", "overhead_train", "gap_hp"),
-    "mxfp4_ladder_lm": ("overhead", "overhead_train", "gap_hp"),
+STUDIES = {  # (study, seeds_from): its worded tables
+    ("mxfp4_ladder_lm_outliers", 8): ("overhead", "against_all_three", "overhead_train", "gap_hp"),
+    ("mxfp4_ladder_lm", 8): ("overhead", "overhead_train", "gap_hp"),
+    ("randomness_vs_error_lm", 10): ("verdict", "link", "cells"),
 }
 
 
@@ -20,9 +21,9 @@ def _tables(folder: Path, names) -> dict[str, pd.DataFrame]:
     return {name: pd.read_csv(folder / f"{name}.csv") for name in names}
 
 
-@pytest.mark.parametrize("study", sorted(STUDIES))
-def test_words_are_the_comparison_of_the_tables_beside_them(study):
-    fresh, names = ROOT / f"{study}_fresh8", STUDIES[study]
+@pytest.mark.parametrize("study, seeds_from", sorted(STUDIES))
+def test_words_are_the_comparison_of_the_tables_beside_them(study, seeds_from):
+    fresh, names = ROOT / f"{study}_fresh{seeds_from}", STUDIES[study, seeds_from]
     got = compare_words(
         _tables(ROOT / study, names), _tables(fresh, names), _tables(fresh / "pooled", names)
     )
@@ -30,8 +31,8 @@ def test_words_are_the_comparison_of_the_tables_beside_them(study):
     pd.testing.assert_frame_equal(got.astype(str), words.astype(str))
 
 
-def _words(study: str) -> pd.Series:
-    words = pd.read_csv(ROOT / f"{study}_fresh8" / "words.csv")
+def _words(study: str, seeds_from: int = 8) -> pd.Series:
+    words = pd.read_csv(ROOT / f"{study}_fresh{seeds_from}" / "words.csv")
     return words.set_index(["table", "row"])["replication"]
 
 
@@ -69,3 +70,24 @@ def test_the_stated_replications_without_outliers():
     assert [
         round(100 * train.overhead[c]) for c in ("fprop", "fprop+dgrad", "fprop+dgrad+wgrad")
     ] == [4, 12, 15]
+
+
+def test_the_stated_replications_of_randomness_or_error_on_the_lm():
+    words = _words("randomness_vs_error_lm", 10)
+    counts = words.value_counts().to_dict()
+    assert counts == {"replicated": 28, "not replicated": 1, "not judged": 5}
+    assert words[("verdict", "init | random | nvfp4-no-sr wgrad=bf16")] == "not replicated"
+    for cell in ("nvfp4", "nvfp4-no-sr random signs"):  # the quant seed's own SD, both ways
+        assert words[("verdict", f"quant | random | {cell}")] == "replicated"
+    folder = ROOT / "randomness_vs_error_lm_fresh10"
+    fresh = pd.read_csv(folder / "verdict.csv").set_index(["factor", "term"])
+    pooled = pd.read_csv(folder / "pooled" / "verdict.csv").set_index(["factor", "term"])
+    quant = fresh.loc[("quant", "nvfp4")]
+    assert (quant.verdict, round(quant.hi, 3)) == ("no evidence", 0.045)
+    assert round(fresh.loc[("quant", "nvfp4-no-sr random signs")].hi, 3) == 0.078
+    bf16 = fresh.loc[("recipe", "bf16 - nvfp4-no-sr")]
+    assert [round(bf16[c], 3) for c in ("effect", "lo", "hi")] == [-0.254, -0.318, -0.191]
+    assert fresh["family"].iloc[0] == 22 and pooled["family"].iloc[0] == 6
+    four = pooled.loc[("recipe", "nvfp4-no-sr four-over-six - nvfp4-no-sr")]
+    assert four.verdict == "lower" and round(four.hi, 4) == -0.0027
+    assert (pooled.loc["init"].verdict == "unbalanced").all()

@@ -120,6 +120,20 @@ def test_the_pooled_runs_read_what_a_thinned_study_saved_beside_its_runs(tmp_pat
     assert (row["fresh"], row["pooled"]) == ("higher", "no evidence")
 
 
+def test_a_stream_a_cell_holds_at_one_seed_is_one_level_pooled():
+    # BF16 draws nothing from the quant stream: its one quant seed, moved from 0 to 10 only to
+    # clear the used seeds, is the committed one pooled; varied streams keep their fresh seeds
+    committed = pd.DataFrame(
+        dict(cell=["bf16"] * 2 + ["sr"] * 2, seed_init=[0, 1] * 2, seed_data=[0, 1] * 2)
+        | dict(seed_quant=[0, 0, 0, 1])
+    )
+    fresh = committed.assign(**{c: committed[c] + 10 for c in committed.columns[1:]})
+    kept = fl.sweep.fresh.one_level_kept(committed, fresh)
+    assert kept["seed_quant"].tolist() == [0, 0, 10, 11]
+    assert kept["seed_init"].tolist() == [10, 11, 10, 11]
+    assert fresh["seed_quant"].tolist() == [10, 10, 10, 11]  # the input is left alone
+
+
 def test_seeds_the_study_used_are_refused(tmp_path):
     folder = committed(tmp_path)
     for start in (1, 3):
