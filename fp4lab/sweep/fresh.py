@@ -65,7 +65,8 @@ def one_level_kept(committed: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame
     in the fresh ones, given the committed seed: such a stream is a constant of the cell (BF16
     draws nothing from the quant stream, whose seed moved from 0 to N only to clear the used
     seeds), one level pooled as it is in each half, not a two-level factor confounded with the
-    halves (which would leave the pooled contrasts "too few seeds")."""
+    halves (which would leave the pooled contrasts "too few seeds"). A cell that does draw
+    from such a stream keeps that draw's effect in its residual, as each half does."""
     out = fresh.copy()
     for cell, rows in fresh.groupby("cell", sort=False):
         before = committed[committed["cell"] == cell]
