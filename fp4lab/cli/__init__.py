@@ -24,6 +24,10 @@ fp4lab formats | demo      the element formats; a tour of the toolkit
 
 Options are never abbreviated (`--seed` is an error, not `--seeds`). A folder given to show,
 plot, report or export that is not a results folder (no experiment.json, no runs/) is an error.
+
+Each command imports what it runs inside its function, on purpose (the package's layers sit
+below the CLI, so no cycle is dodged): `fp4lab --help`, a mistyped option, `ls` and `show`
+answer without loading jax, flax or optax (tests/sweep/test_index.py checks `ls` and `show`).
 """
 
 from __future__ import annotations

@@ -22,10 +22,11 @@ What the sequential call costs against the vmapped one (little where the matmuls
 cores, more on a small MLP, where per-op overhead dominates) is measured by
 `python benchmarks/sweep.py`; the figures are in docs/performance.md.
 
-`compute_cell` takes and returns plain data, so a worker process or
-a Ray task can run it; it is the one place where the host-side sweep reaches the trainer, which
-it imports when first called (a driver that only reads results never loads the trainer, flax
-or optax).
+`compute_cell` takes and returns plain data, so a worker process or a Ray task can run it. It
+and `check_cell` (which traces a cell before a sweep starts) are where the host-side sweep
+reaches the trainer: both import it inside the function, on purpose and not to dodge a cycle
+(train sits below sweep), so that a driver that only reads results never loads the trainer,
+flax or optax (tests/sweep/test_index.py runs `ls` and `show` without them).
 """
 
 from __future__ import annotations
