@@ -2,7 +2,9 @@
 
 Compiled programs are shared through jax's persistent cache in `.jax_cache/` inside the
 checkout (ignored by git; FP4LAB_TEST_COMPILE_CACHE=off turns it off, or names another folder),
-so the test workers and later runs of the tests skip compiles already made. `fp4lab run`
+so the test workers and later runs of the tests skip compiles already made: every program,
+even an eager operation's (which both workers and the `fp4lab run` subprocesses would
+otherwise compile each for itself). `fp4lab run`
 inside the tests keeps its own cache there too (XDG_CACHE_HOME).
 
 The tests' programs are compiled without LLVM optimization (XLA_FLAGS
@@ -34,7 +36,7 @@ _root = pathlib.Path(__file__).resolve().parents[1] / ".jax_cache"
 os.environ["XDG_CACHE_HOME"] = str(_root / "user")
 _cache = os.environ.get("FP4LAB_TEST_COMPILE_CACHE", "")
 if _cache != "off":
-    use_compile_cache(_cache or _root)
+    use_compile_cache(_cache or _root, min_compile_seconds=0)
 
 
 @pytest.fixture

@@ -58,15 +58,9 @@ def quantile_ends(draws: np.ndarray, level: float) -> Ends:
         below = np.clip(np.floor(rank - spread), 0, last).astype(np.int64)
         above = np.clip(np.floor(rank + spread) + 1, 0, last).astype(np.int64)
         ends.append((rank, below, above))
-    if np.all(n == x.shape[-1]) and x.size:  # no NaN: one partition at the ranks read
-        kth = set()
-        for rank, below, above in ends:
-            floor = np.floor(rank).astype(np.int64)
-            kth |= {int(k) for k in np.ravel(np.concatenate([floor, np.minimum(floor + 1, last)]))}
-            kth |= {int(k) for k in np.ravel(np.concatenate([below, above]))}
-        x = np.partition(x, sorted(kth), axis=-1)
-    else:
-        x = np.sort(x, axis=-1)  # NaN sort last
+    # NaN sort last. A full sort, not a partition at the ranks read: the same order statistics,
+    # and numpy's vectorized sort is faster than its partition at several ranks
+    x = np.sort(x, axis=-1)
 
     def at(index):
         return np.take_along_axis(x, index, axis=-1)

@@ -6,6 +6,7 @@ moved layout) are the inputs of the numpy formulas; the statistics themselves ar
 here from their definitions in `fp4lab.core.stats`.
 """
 
+import functools
 import platform
 import warnings
 
@@ -67,20 +68,29 @@ def _ftz(v):
     return np.where(np.abs(v) < tiny, np.copysign(np.float32(0), v), v).astype(np.float32)
 
 
-def numpy_stats(a, spec, key):
-    """The statistics' definitions in float64 numpy, on the quantizer's moved-layout blocks."""
+@functools.partial(jax.jit, static_argnums=1)
+def _quantizer_terms(a, spec, key):
+    """The quantizer's moved-layout blocks and their dequantization terms, as one program."""
     xb, scaled, scope, _ = quantize_blocks(a, spec, key, None, None)
     fmt = formats.get_format(spec.elem)
-    x = np.asarray(xb, np.float64)
-    h32 = np.asarray(dequantize_blocks(scaled, fmt, scope))
     vals, outer = dequantize_terms(scaled, fmt, scope)
+    h32 = dequantize_blocks(scaled, fmt, scope)
+    return xb, scaled.scale, h32, vals, outer, grid_values(scaled.q, fmt), scaled.map4
+
+
+def numpy_stats(a, spec, key):
+    """The statistics' definitions in float64 numpy, on the quantizer's moved-layout blocks."""
+    xb, scale, h32, vals, outer, v, map4 = _quantizer_terms(a, spec, key)
+    fmt = formats.get_format(spec.elem)
+    x = np.asarray(xb, np.float64)
+    h32 = np.asarray(h32)
     # x_hat is the two float32 products in this order (what the kernel recomputes it as),
     # each flushed to zero below the normal range, as XLA's CPU code computes
     with np.errstate(invalid="ignore", over="ignore"):
-        by_hand = _ftz(_ftz(np.asarray(vals) * np.asarray(scaled.scale)) * np.asarray(outer))
+        by_hand = _ftz(_ftz(np.asarray(vals) * np.asarray(scale)) * np.asarray(outer))
     np.testing.assert_array_equal(h32, by_hand)
     h = h32.astype(np.float64)
-    v = np.asarray(grid_values(scaled.q, fmt), np.float64)
+    v = np.asarray(v, np.float64)
     err = h - x
     nx = np.sqrt(np.sum(x * x))
     rel = np.sqrt(np.sum(err * err)) / nx if nx > 0 else 0.0
@@ -96,7 +106,7 @@ def numpy_stats(a, spec, key):
     blocks = (x.ndim - 3, x.ndim - 1)
     live, hot = np.any(nz, axis=blocks), np.any(h != 0, axis=blocks)
     underflow = frac(np.sum(live & ~hot), live.size)
-    map4 = 0.0 if scaled.map4 is None else float(jnp.mean(scaled.map4))
+    map4 = 0.0 if map4 is None else float(np.mean(np.asarray(map4)))
     return np.array([rel, bias, flush, saturated, underflow, map4])
 
 
@@ -105,7 +115,14 @@ def numpy_stats(a, spec, key):
 def test_fused_statistics_match_their_definitions(name, shape, axis):
     spec = SPECS[name].replace(axis=axis)
     x, key = _x(shape), jax.random.key(7)
-    x_hat, got = operand_stats(x, spec, key=key)
+
+    @jax.jit
+    def both(x, key):  # the fused statistics and the quantizer's x_hat, as one program
+        return operand_stats(x, spec, key=key), fl.quantize(x, spec, key=key).dequantize(
+            rotated=True
+        )
+
+    (x_hat, got), expected = both(x, key)
     want = numpy_stats(x, spec, key)
     got = np.asarray(got, np.float64)
     # exact counts, and the float32 rounding of the float64 sums (within one ulp)
@@ -114,7 +131,6 @@ def test_fused_statistics_match_their_definitions(name, shape, axis):
     assert got[STAT["rel_err"]] > 0
     assert got[STAT["flush"]] > 0 or name == "bf16"  # bf16 keeps 1e-30
     # x_hat is the quantizer's, bit for bit, whatever the method
-    expected = fl.quantize(x, spec, key=key).dequantize(rotated=True)
     np.testing.assert_array_equal(x_hat, expected)
 
 
