@@ -194,6 +194,7 @@ def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
         _TRACED.add(cfg)
         t0 = time.perf_counter()
         train = trainer.make_train(cfg, _emit, every) if every else trainer.make_train(cfg)
+        train = _packed(train)
         if sequential(cfg):
 
             @functools.wraps(train)  # the program keeps its name, jit_train
@@ -214,6 +215,55 @@ def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
             fn = jax.jit(seeds).lower(keys).compile()
         _COMPILED[cfg, every, width] = fn, time.perf_counter() - t0
     return _COMPILED[cfg, every, width]
+
+
+_PACKED = "telemetry_packed"
+
+
+def _packed(train: Callable) -> Callable:
+    """`train` whose telemetry {metric: (logs,)} leaves the program as one array per dtype and
+    shape, under the key `_PACKED`: {"order": ({metric: ()}, ...), "groups": (({metric: ()},
+    ...), ...), "values": ((metrics of the group, logs), ...)}.
+
+    Each output of a program is a fusion that XLA compiles on its own: a small scanned LM's 555
+    metrics, one output each, took about a third of its compile (without LLVM optimization).
+    Stacked again, they are the trainer's buffer of measured steps, which XLA passes through.
+    The names ride in the output's structure, which a stored (exported) program keeps too;
+    `_unpacked` makes the dict again on the host, in its order. The values are moved, not
+    computed: the same bits (tests/sweep/test_seed_width.py)."""
+
+    @functools.wraps(train)  # the program keeps its name, jit_train
+    def run(keys):
+        result = train(keys)
+        tel = result["telemetry"]
+        if not tel:
+            return result
+        groups: dict[tuple, list[str]] = {}
+        for k, v in tel.items():
+            groups.setdefault((v.dtype, v.shape), []).append(k)
+        result = {k: v for k, v in result.items() if k != "telemetry"}
+        result[_PACKED] = {
+            "order": tuple({k: ()} for k in tel),
+            "groups": tuple(tuple({k: ()} for k in names) for names in groups.values()),
+            "values": tuple(jnp.stack([tel[k] for k in names]) for names in groups.values()),
+        }
+        return result
+
+    return run
+
+
+def _unpacked(one: dict) -> dict:
+    """One seed's run arrays with the telemetry of `_packed` a dict {metric: values} again."""
+    if _PACKED not in one:
+        return one
+    packed = one[_PACKED]
+    rows = {}
+    for names, values in zip(packed["groups"], packed["values"], strict=True):
+        values = np.asarray(values)
+        rows |= {next(iter(d)): values[j].copy() for j, d in enumerate(names)}
+    one = {k: v for k, v in one.items() if k != _PACKED}
+    one["telemetry"] = {k: rows[k] for k in (next(iter(d)) for d in packed["order"])}
+    return one
 
 
 def compute_cell(
@@ -287,7 +337,7 @@ def compute_cell(
             _REPORT[0] = None
         wall = (time.perf_counter() - t0) / len(chunk)
         for i, _ in enumerate(chunk):
-            one = jax.tree.map(lambda a, i=i: np.asarray(a[i]), arrays)
+            one = _unpacked(jax.tree.map(lambda a, i=i: np.asarray(a[i]), arrays))
             summary = summarize(cfg, one, task)
             summary["compile_s"] = fresh.get(width, 0.0)
             series = {k: one[k] for k in SERIES if k in one}

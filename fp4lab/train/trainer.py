@@ -356,10 +356,11 @@ def _run_phase(
 def _one_body(every, step, state, start, stop, logs, graphdef, keys, scan, report):
     """Steps [start, stop) as one scanned body that measures where t % every == 0 (`logs`, the
     steps it measures): (carry, [per-step outputs], [telemetry]). The metrics of the measured
-    steps go into a (len(logs), metrics) buffer in the loop's state, one row per measured step
-    (a per-step output would keep every step's zeros)."""
+    steps go into a (metrics, len(logs)) buffer in the loop's state, one column per measured
+    step (a per-step output would keep every step's zeros)."""
     carry, rest = state
-    names = telemetry.metric_keys(nnx.merge(graphdef, carry.params, rest))
+    # sorted, the order of the run's telemetry dict (jax.tree.map sorts a dict's keys)
+    names = sorted(telemetry.metric_keys(nnx.merge(graphdef, carry.params, rest)))
     first = logs[0]
 
     def body(state, t):
@@ -373,12 +374,15 @@ def _one_body(every, step, state, start, stop, logs, graphdef, keys, scan, repor
         if report is not None:
             report(t, keys, out)
         i = jnp.clip((t - first) // every, 0, len(logs) - 1)
-        row = jnp.where(flag, jnp.stack([metrics[k] for k in names]), buf[i])
-        return ((carry, rest), jax.lax.dynamic_update_index_in_dim(buf, row, i, 0)), out
+        column = jnp.where(flag, jnp.stack([metrics[k] for k in names]), buf[:, i])
+        return ((carry, rest), jax.lax.dynamic_update_index_in_dim(buf, column, i, 1)), out
 
-    buf = jnp.zeros((len(logs), len(names)), jnp.float32)
+    # a metric's values are a row: a caller that stacks the metrics again (`fp4lab.sweep`'s
+    # compute, which takes them out of the program as one array) gets this buffer back, where
+    # columns would cost XLA a fusion per metric to compile
+    buf = jnp.zeros((len(names), len(logs)), jnp.float32)
     (state, buf), o = scan(body, (state, buf), jnp.arange(start, stop))
-    return state[0], [o], [{k: buf[:, j] for j, k in enumerate(names)}]
+    return state[0], [o], [{k: buf[j] for j, k in enumerate(names)}]
 
 
 def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int) -> jax.Array:

@@ -127,3 +127,28 @@ def test_the_sequential_and_the_vmapped_program_train_alike():
     padded = padded["series"]["loss"]
     assert np.all(np.isfinite(one)) and one[-5:].mean() < 0.8 * one[:5].mean()
     np.testing.assert_allclose(one, padded, rtol=0.05)
+
+
+def test_the_telemetry_leaves_the_program_as_one_array(tmp_path, monkeypatch):
+    # one output per metric would cost XLA a fusion each to compile; the record's telemetry is
+    # still {metric: values}, in order and bit for bit jit(make_train(cfg))'s (above). The
+    # program is the stored one (`fp4lab.sweep.programs`), whose outputs can be counted
+    from jax import export
+
+    from fp4lab.sweep import programs
+
+    monkeypatch.setenv(programs.ENV, str(tmp_path))
+    cfg = TEACHER.replace(seed_batch=1, steps=2, noise_keys=0)
+    compute.clear_cache(cfg)
+    (run,) = _compute(cfg, [SEED], [])
+    metrics = run["telemetry"]["metrics"]
+    assert len(metrics) > 50 and list(metrics) == sorted(metrics)
+    kinds = {(v.shape, v.dtype) for v in metrics.values()}  # the shadow's below_sqrt3: bool
+    assert kinds == {((cfg.steps,), np.dtype(np.float32)), ((cfg.steps,), np.dtype(bool))}, kinds
+    (stored,) = tmp_path.glob("*.program")
+    program = export.deserialize(bytearray(stored.read_bytes().partition(b"\n")[2]))
+    assert len(program.out_avals) < 20, len(program.out_avals)
+    compute.clear_cache(cfg)  # the same numbers from the stored program, its names too
+    (again,) = _compute(cfg, [SEED], [])
+    assert list(again["telemetry"]["metrics"]) == list(metrics)
+    assert all(_same(again["telemetry"]["metrics"][k], v) for k, v in metrics.items())
