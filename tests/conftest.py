@@ -3,9 +3,9 @@
 Compiled programs are shared through jax's persistent cache in `.jax_cache/` inside the
 checkout (ignored by git; FP4LAB_TEST_COMPILE_CACHE=off turns it off, or names another folder),
 so the test workers and later runs of the tests skip compiles already made: every program,
-even an eager operation's (which both workers and the `fp4lab run` subprocesses would
-otherwise compile each for itself). `fp4lab run`
-inside the tests keeps its own cache there too (XDG_CACHE_HOME).
+even an eager operation's, which the second worker (and the README blocks' interpreter,
+tests/test_readme.py) would otherwise compile again. `fp4lab run` inside the tests keeps its
+own cache there too (XDG_CACHE_HOME).
 
 The tests' programs are compiled without LLVM optimization (XLA_FLAGS
 --xla_backend_optimization_level=0, inherited by the subprocesses the tests start): most of
