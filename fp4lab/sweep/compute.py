@@ -222,15 +222,16 @@ _PACKED = "telemetry_packed"
 
 def _packed(train: Callable) -> Callable:
     """`train` whose telemetry {metric: (logs,)} leaves the program as one array per dtype and
-    shape, under the key `_PACKED`: {"order": ({metric: ()}, ...), "groups": (({metric: ()},
-    ...), ...), "values": ((metrics of the group, logs), ...)}.
+    shape, under the key `_PACKED`: {"groups": (({metric: ()}, ...), ...), "values": ((metrics
+    of the group, logs), ...)}.
 
     Each output of a program is a fusion that XLA compiles on its own: a small scanned LM's 555
     metrics, one output each, took about a third of its compile (without LLVM optimization).
     Stacked again, they are the trainer's buffer of measured steps, which XLA passes through.
     The names ride in the output's structure, which a stored (exported) program keeps too;
-    `_unpacked` makes the dict again on the host, in its order. The values are moved, not
-    computed: the same bits (tests/sweep/test_seed_width.py)."""
+    `_unpacked` makes the dict again on the host, its keys sorted as a program's output dict
+    has them. The values are moved, not computed: the same bits
+    (tests/sweep/test_seed_width.py)."""
 
     @functools.wraps(train)  # the program keeps its name, jit_train
     def run(keys):
@@ -243,7 +244,6 @@ def _packed(train: Callable) -> Callable:
             groups.setdefault((v.dtype, v.shape), []).append(k)
         result = {k: v for k, v in result.items() if k != "telemetry"}
         result[_PACKED] = {
-            "order": tuple({k: ()} for k in tel),
             "groups": tuple(tuple({k: ()} for k in names) for names in groups.values()),
             "values": tuple(jnp.stack([tel[k] for k in names]) for names in groups.values()),
         }
@@ -262,7 +262,7 @@ def _unpacked(one: dict) -> dict:
         values = np.asarray(values)
         rows |= {next(iter(d)): values[j].copy() for j, d in enumerate(names)}
     one = {k: v for k, v in one.items() if k != _PACKED}
-    one["telemetry"] = {k: rows[k] for k in (next(iter(d)) for d in packed["order"])}
+    one["telemetry"] = dict(sorted(rows.items()))  # as jax returns a dict: keys sorted
     return one
 
 
