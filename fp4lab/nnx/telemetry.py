@@ -114,12 +114,13 @@ def _measured(op) -> list[tuple[int, str]]:
     return [(i, layer) for i, layer in enumerate(op.stat_layers()) if layer not in high]
 
 
-def _flatten(layer: str, table: jax.Array, operands) -> dict[str, jax.Array]:
-    out = {}
-    for i, (gemm, operand) in enumerate(operands):
-        for j, stat in enumerate(STATS):
-            out[quant_key(layer, gemm, operand, stat)] = table[i, j]
-    return out
+def _flatten(layer: str, flat: jax.Array, row: int, operands) -> dict[str, jax.Array]:
+    """{metric: value} of table `row` of `flat`, an op's (rows, operands, stats) tables
+    raveled. Taken in raveled order, one element at a time: XLA merges these slices back into
+    one, where slices of a 2-D table each stay a fusion to compile (hundreds in a small LM)."""
+    first = row * len(operands) * len(STATS)
+    keys = [quant_key(layer, g, o, stat) for g, o in operands for stat in STATS]
+    return {k: flat[first + i] for i, k in enumerate(keys)}
 
 
 def set_enabled(model, on: bool):
@@ -146,14 +147,14 @@ def collect(model, probe_grads=None) -> dict[str, jax.Array]:
     paths = {id(m): p for p, m in nnx.iter_modules(model)}
     for op in _ops(model):
         # one table per GEMM call; a stacked op's layers come first (layer, call) -> row
-        fwd = op.fstats[...].reshape(-1, len(FWD_OPERANDS), len(STATS))
+        fwd = op.fstats[...].reshape(-1)
         bwd = probes.get(tuple(paths[id(op)]))
         if bwd is not None:
-            bwd = bwd.reshape(-1, len(BWD_OPERANDS), len(STATS))
+            bwd = bwd.reshape(-1)
         for row, layer in _measured(op):
-            metrics |= _flatten(layer, fwd[row], FWD_OPERANDS)
+            metrics |= _flatten(layer, fwd, row, FWD_OPERANDS)
             if bwd is not None:
-                metrics |= _flatten(layer, bwd[row], BWD_OPERANDS)
+                metrics |= _flatten(layer, bwd, row, BWD_OPERANDS)
     return metrics
 
 

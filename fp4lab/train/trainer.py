@@ -374,7 +374,7 @@ def _one_body(every, step, state, start, stop, logs, graphdef, keys, scan, repor
         if report is not None:
             report(t, keys, out)
         i = jnp.clip((t - first) // every, 0, len(logs) - 1)
-        column = jnp.where(flag, jnp.stack([metrics[k] for k in names]), buf[:, i])
+        column = jnp.where(flag, _sorted_column(metrics, names), buf[:, i])
         return ((carry, rest), jax.lax.dynamic_update_index_in_dim(buf, column, i, 1)), out
 
     # a metric's values are a row: a caller that stacks the metrics again (`fp4lab.sweep`'s
@@ -383,6 +383,16 @@ def _one_body(every, step, state, start, stop, logs, graphdef, keys, scan, repor
     buf = jnp.zeros((len(names), len(logs)), jnp.float32)
     (state, buf), o = scan(body, (state, buf), jnp.arange(start, stop))
     return state[0], [o], [{k: buf[j] for j, k in enumerate(names)}]
+
+
+def _sorted_column(metrics: dict, names: list[str]) -> jax.Array:
+    """The scalars of `metrics` stacked in the order of `names`. They are stacked in the order
+    the step made them, then permuted by one gather: consecutive elements of one table
+    (`telemetry.collect`) stay one slice for XLA, where sorted they are hundreds of fusions."""
+    made = list(metrics)
+    column = jnp.stack([metrics[k] for k in made])
+    where = np.array([made.index(k) for k in names])  # the step's keys are `names` (checked)
+    return column if np.array_equal(where, np.arange(len(made))) else column[where]
 
 
 def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int) -> jax.Array:
