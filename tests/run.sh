@@ -8,26 +8,39 @@ PY=${PY:-.venv/bin/python}
 "$PY" -m ruff format --check fp4lab tests benchmarks experiments notebooks results setup.py || exit 1
 "$PY" -m ruff check . || exit 1  # everything: the package, tests, notebooks, results, setup.py
 "$(dirname "$PY")/lint-imports" --no-cache || exit 1
+# The native-path environment (Python 3.12, jax >= 0.11) is made while the suite runs: its
+# install is mostly the kernels' C++ build, which would otherwise wait for the suite to end.
+native_log=$(mktemp)
+trap 'rm -f "$native_log"' EXIT
+make_native() {
+  local py312=""
+  if python3.12 -c "" 2>/dev/null; then py312="python3.12"
+  elif PYENV_VERSION=3.12.1 python3.12 -c "" 2>/dev/null; then py312="env PYENV_VERSION=3.12.1 python3.12"
+  fi
+  if [ -z "$py312" ]; then
+    echo "SKIPPED native-path parity tests: no Python 3.12 on this machine (jax >= 0.11 needs it)"
+    return 1
+  fi
+  [ -x .venv312/bin/python ] && return 0
+  # only what the native tests import (jax >= 0.11, and the test conftest's pandas/pyarrow)
+  $py312 -m venv .venv312 && .venv312/bin/pip install -q --no-compile --no-deps -e . \
+    && .venv312/bin/pip install -q --no-compile --no-warn-conflicts "jax>=0.11" "ml_dtypes>=0.5" \
+      "numpy>=1.26" "pandas>=2.1" "pyarrow>=14" pytest && return 0
+  echo "SKIPPED native-path parity tests: could not install jax >= 0.11 for Python 3.12"
+  rm -rf .venv312
+  return 1
+}
+make_native > "$native_log" 2>&1 &
+native=$!
+
 "$PY" -m pytest -n 2 --dist worksteal --durations=15 "$@"
 rc=$?
+wait "$native"
+native_rc=$?
+cat "$native_log"
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi
 [ "$rc" -eq 0 ] || exit "$rc"
+[ "$native_rc" -eq 0 ] || exit 0  # skipped, as said above
 
-py312=""
-if python3.12 -c "" 2>/dev/null; then py312="python3.12"
-elif PYENV_VERSION=3.12.1 python3.12 -c "" 2>/dev/null; then py312="env PYENV_VERSION=3.12.1 python3.12"
-fi
-if [ -z "$py312" ]; then
-  echo "SKIPPED native-path parity tests: no Python 3.12 on this machine (jax >= 0.11 needs it)"
-  exit 0
-fi
-if [ ! -x .venv312/bin/python ]; then
-  # only what the native tests import (jax >= 0.11, and the test conftest's pandas/pyarrow)
-  $py312 -m venv .venv312 && .venv312/bin/pip install -q --no-deps -e . \
-    && .venv312/bin/pip install -q --no-warn-conflicts "jax>=0.11" "ml_dtypes>=0.5" "numpy>=1.26" "pandas>=2.1" \
-      "pyarrow>=14" pytest || {
-    echo "SKIPPED native-path parity tests: could not install jax >= 0.11 for Python 3.12"
-    rm -rf .venv312; exit 0; }
-fi
 echo "native-path parity tests (Python 3.12, jax $(.venv312/bin/python -c 'import jax; print(jax.__version__)')):"
 .venv312/bin/python -m pytest -p no:cacheprovider tests/native
