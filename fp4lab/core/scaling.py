@@ -277,25 +277,28 @@ def _four_over_six_te(xb, amax_b, amax_scope, elem, mode) -> Scaled:
     s_enc, s_dec = _te_global(amax_scope, emax)
     six = jnp.float32(elem.max)
     base = _div(amax_b, six) * s_enc
-    cands = []
-    for mult in (1.5, 1.0):  # map-to-4, map-to-6
-        s = _e4m3(base * jnp.float32(mult), amax_b)[0]
-        e = _te_encode(s, s_dec)
-        q = _elements(xb * e, elem, "rne", None)
-        val = q * s  # back in the input domain: q * s * amax_scope / (6 * E), as TE writes it
-        if amax_scope is not None:
-            val = _div(val * amax_scope, jnp.float32(6.0 * emax))
-        diff = val - xb
-        d = diff * diff if mode == "mse" else jnp.abs(diff)
-        err = d[..., 0:1]
-        for i in range(1, xb.shape[-1]):  # sequential, as the reference sums it
-            err = err + d[..., i : i + 1]
-        err = _tree_sum_rows(err)
-        cands.append((q, s, err))
-    (q4, s4, err4), (q6, s6, err6) = cands
-    pick4 = err4 < err6
-    q = jnp.where(pick4, q4, q6)
-    s = jnp.where(pick4, s4, s6)
+
+    # both candidates at once, on a leading axis: map-to-4 (1.5), map-to-6 (1.0); the same
+    # elementwise operations as one candidate at a time, in half the program
+    def lead(a):
+        return a[None] if jnp.ndim(a) else a
+
+    mult = jnp.array([1.5, 1.0], jnp.float32).reshape((2,) + (1,) * base.ndim)
+    s = _e4m3(lead(base) * mult, jnp.broadcast_to(amax_b, (2, *amax_b.shape)))[0]
+    e = _te_encode(s, lead(s_dec))
+    q = _elements(lead(xb) * e, elem, "rne", None)
+    val = q * s  # back in the input domain: q * s * amax_scope / (6 * E), as TE writes it
+    if amax_scope is not None:
+        val = _div(val * lead(amax_scope), jnp.float32(6.0 * emax))
+    diff = val - lead(xb)
+    d = diff * diff if mode == "mse" else jnp.abs(diff)
+    err = d[..., 0:1]
+    for i in range(1, xb.shape[-1]):  # sequential, as the reference sums it
+        err = err + d[..., i : i + 1]
+    err = _tree_sum_rows(err)
+    pick4 = err[0] < err[1]
+    q = jnp.where(pick4, q[0], q[1])
+    s = jnp.where(pick4, s[0], s[1])
     return Scaled(q, _nan_where_nonfinite(s, amax_b), _outer(s_dec, amax_scope), pick4)
 
 
