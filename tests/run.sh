@@ -11,7 +11,8 @@ PY=${PY:-.venv/bin/python}
 # The native-path environment (Python 3.12, jax >= 0.11) is made while the suite runs: its
 # install is mostly the kernels' C++ build, which would otherwise wait for the suite to end.
 native_log=$(mktemp)
-trap 'rm -f "$native_log"' EXIT
+native=""
+trap '[ -n "$native" ] && kill "$native" 2>/dev/null; rm -f "$native_log"' EXIT
 make_native() {
   local py312=""
   if python3.12 -c "" 2>/dev/null; then py312="python3.12"

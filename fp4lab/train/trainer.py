@@ -389,9 +389,9 @@ def _sorted_column(metrics: dict, names: list[str]) -> jax.Array:
     """The scalars of `metrics` stacked in the order of `names`. They are stacked in the order
     the step made them, then permuted by one gather: consecutive elements of one table
     (`telemetry.collect`) stay one slice for XLA, where sorted they are hundreds of fusions."""
-    made = list(metrics)
+    made = {k: i for i, k in enumerate(metrics)}
     column = jnp.stack([metrics[k] for k in made])
-    where = np.array([made.index(k) for k in names])  # the step's keys are `names` (checked)
+    where = np.array([made[k] for k in names])  # the step's keys are `names` (checked)
     return column if np.array_equal(where, np.arange(len(made))) else column[where]
 
 
