@@ -58,7 +58,7 @@ from fp4lab.core.spec import QuantSpec
 from fp4lab.nnx import noise, telemetry
 from fp4lab.nnx.rules import Rule, check_rules, quantize_model, unmatched_rules, warn_unseamed
 from fp4lab.schema import OPERAND_NAMES, SEED_LIMIT, STREAMS
-from fp4lab.train import divergence, loss_scaling
+from fp4lab.train import divergence, loss_scaling, metric_rows
 from fp4lab.train.config import Config, ConfigError
 from fp4lab.train.tasks import Task, eval_batch, init_model, make_task, train_batch
 
@@ -298,12 +298,14 @@ def _run_phase(
             report(t, keys, out)
         return (carry, rest), out
 
+    groups: dict = {}  # the measured step's metric names by dtype (`metric_rows.columns`)
+
     def measured(state, t):
         carry, rest = state
         carry, rest, out, metrics = step(carry, t, graph_on, rest, keys, True)
         if report is not None:
             report(t, keys, out)
-        return (carry, rest), (out, metrics)
+        return (carry, rest), (out, metric_rows.columns(metrics, groups))
 
     def scan(body, state, ts):
         # XLA inlines a loop of one iteration, but not one with side effects (the report),
@@ -330,7 +332,9 @@ def _run_phase(
         state, o = scan(plain, state, jnp.arange(start, stop))
         return state[0], [o], []
     if not cfg.shadow:
-        return _one_body(every, step, state, start, stop, logs, graph_on, keys, scan, report)
+        return metric_rows.one_body(
+            every, step, state, start, stop, logs, graph_on, keys, scan, report
+        )
     first_log = -(-start // every) * every  # the first multiple of `every` >= start
     head = min(first_log, stop) - start
     if head:
@@ -350,49 +354,7 @@ def _run_phase(
         if tail_start + 1 < stop:
             state, o = scan(plain, state, jnp.arange(tail_start + 1, stop))
             outs.append(o)
-    return state[0], outs, metrics
-
-
-def _one_body(every, step, state, start, stop, logs, graphdef, keys, scan, report):
-    """Steps [start, stop) as one scanned body that measures where t % every == 0 (`logs`, the
-    steps it measures): (carry, [per-step outputs], [telemetry]). The metrics of the measured
-    steps go into a (metrics, len(logs)) buffer in the loop's state, one column per measured
-    step (a per-step output would keep every step's zeros)."""
-    carry, rest = state
-    # sorted, the order of the run's telemetry dict (jax.tree.map sorts a dict's keys)
-    names = sorted(telemetry.metric_keys(nnx.merge(graphdef, carry.params, rest)))
-    first = logs[0]
-
-    def body(state, t):
-        (carry, rest), buf = state
-        flag = True if every == 1 else t % every == 0  # every step: no lax.cond, no zeros
-        carry, rest, out, metrics = step(carry, t, graphdef, rest, keys, flag)
-        if sorted(metrics) != sorted(names) or any(metrics[k].dtype != buf.dtype for k in names):
-            raise RuntimeError(  # telemetry.metric_keys and the metrics disagree: a bug
-                "trainer: the step's metrics are not telemetry.metric_keys' float32 scalars"
-            )
-        if report is not None:
-            report(t, keys, out)
-        i = jnp.clip((t - first) // every, 0, len(logs) - 1)
-        column = jnp.where(flag, _sorted_column(metrics, names), buf[:, i])
-        return ((carry, rest), jax.lax.dynamic_update_index_in_dim(buf, column, i, 1)), out
-
-    # a metric's values are a row: a caller that stacks the metrics again (`fp4lab.sweep`'s
-    # compute, which takes them out of the program as one array) gets this buffer back, where
-    # columns would cost XLA a fusion per metric to compile
-    buf = jnp.zeros((len(names), len(logs)), jnp.float32)
-    (state, buf), o = scan(body, (state, buf), jnp.arange(start, stop))
-    return state[0], [o], [{k: buf[j] for j, k in enumerate(names)}]
-
-
-def _sorted_column(metrics: dict, names: list[str]) -> jax.Array:
-    """The scalars of `metrics` stacked in the order of `names`. They are stacked in the order
-    the step made them, then permuted by one gather: consecutive elements of one table
-    (`telemetry.collect`) stay one slice for XLA, where sorted they are hundreds of fusions."""
-    made = {k: i for i, k in enumerate(metrics)}
-    column = jnp.stack([metrics[k] for k in made])
-    where = np.array([made[k] for k in names])  # the step's keys are `names` (checked)
-    return column if np.array_equal(where, np.arange(len(made))) else column[where]
+    return state[0], outs, [metric_rows.rows(metrics, groups)]
 
 
 def _evaluate(cfg: Config, task: Task, params, rules, keys, p: int) -> jax.Array:
