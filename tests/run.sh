@@ -23,10 +23,11 @@ make_native() {
     return 1
   fi
   [ -x .venv312/bin/python ] && return 0
-  # only what the native tests import (jax >= 0.11, and the test conftest's pandas/pyarrow)
-  $py312 -m venv .venv312 && .venv312/bin/pip install -q --no-compile --no-deps -e . \
-    && .venv312/bin/pip install -q --no-compile --no-warn-conflicts "jax>=0.11" "ml_dtypes>=0.5" \
-      "numpy>=1.26" "pandas>=2.1" "pyarrow>=14" pytest && return 0
+  # only what the native tests import (jax >= 0.11, and the test conftest's pandas/pyarrow),
+  # then fp4lab built against that jaxlib (no isolated build environment with a second one)
+  $py312 -m venv .venv312 && .venv312/bin/pip install -q --no-compile --no-warn-conflicts \
+      "jax>=0.11" "ml_dtypes>=0.5" "numpy>=1.26" "pandas>=2.1" "pyarrow>=14" pytest "setuptools>=68" \
+    && .venv312/bin/pip install -q --no-compile --no-deps --no-build-isolation -e . && return 0
   echo "SKIPPED native-path parity tests: could not install jax >= 0.11 for Python 3.12"
   rm -rf .venv312
   return 1
