@@ -8,11 +8,16 @@ PY=${PY:-.venv/bin/python}
 "$PY" -m ruff format --check fp4lab tests benchmarks experiments notebooks results setup.py || exit 1
 "$PY" -m ruff check . || exit 1  # everything: the package, tests, notebooks, results, setup.py
 "$(dirname "$PY")/lint-imports" --no-cache || exit 1
-# The native-path environment (Python 3.12, jax >= 0.11) is made while the suite runs: its
-# install is mostly the kernels' C++ build, which would otherwise wait for the suite to end.
+# The native-path environment (Python 3.12, jax >= 0.11) is made, and its tests run, while the
+# suite runs: its install is mostly the kernels' C++ build, which would otherwise wait for the
+# suite to end. Their output is shown after the suite's.
 native_log=$(mktemp)
 native=""
-trap '[ -n "$native" ] && kill "$native" 2>/dev/null; rm -f "$native_log"' EXIT
+stop_native() {  # on any exit: nothing of it outlives the command (its children first)
+  [ -n "$native" ] && { pkill -TERM -P "$native" 2>/dev/null; kill "$native" 2>/dev/null; }
+  rm -f "$native_log"
+}
+trap stop_native EXIT
 make_native() {
   local py312=""
   if python3.12 -c "" 2>/dev/null; then py312="python3.12"
@@ -32,7 +37,12 @@ make_native() {
   rm -rf .venv312
   return 1
 }
-make_native > "$native_log" 2>&1 &
+native_tests() {
+  make_native || return 77  # skipped, saying why
+  echo "native-path parity tests (Python 3.12, jax $(.venv312/bin/python -c 'import jax; print(jax.__version__)')):"
+  .venv312/bin/python -m pytest -p no:cacheprovider tests/native
+}
+native_tests > "$native_log" 2>&1 &
 native=$!
 
 "$PY" -m pytest -n 2 --dist worksteal --durations=15 "$@"
@@ -42,7 +52,5 @@ native_rc=$?
 cat "$native_log"
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi
 [ "$rc" -eq 0 ] || exit "$rc"
-[ "$native_rc" -eq 0 ] || exit 0  # skipped, as said above
-
-echo "native-path parity tests (Python 3.12, jax $(.venv312/bin/python -c 'import jax; print(jax.__version__)')):"
-.venv312/bin/python -m pytest -p no:cacheprovider tests/native
+[ "$native_rc" -eq 77 ] && exit 0  # skipped, as said above
+exit "$native_rc"

@@ -5,6 +5,8 @@ re-exports that mypy, pyright and IDEs read, and that `fp4lab.lazy.attach_stub` 
 packages' lazy `__getattr__` at run time.
 """
 
+import functools
+import json
 import re
 import subprocess
 import sys
@@ -125,21 +127,36 @@ def test_a_stub_with_anything_but_re_exports_is_refused(tmp_path):
         fl.nvfp5  # noqa: B018
 
 
-@pytest.mark.parametrize("package", sorted(STUBS))
-def test_a_face_name_is_never_shadowed_by_a_submodule(package):
-    """In a fresh process, every module behind the face imported first (as the CLI or a user's
-    `import fp4lab.x.y` does), then each name is still the face's object: no function shares
-    its name with a submodule of its package, which the import system would bind over it."""
+@functools.cache
+def _shadowed() -> dict[str, list[str]]:
+    """{package: the face's names that are not the face's object} in one fresh process, after
+    every module behind every face was imported (as the CLI or a user's `import fp4lab.x.y`
+    does)."""
+    stubs = {package: str(path) for package, path in STUBS.items()}
     code = f"""
-import importlib, inspect, {package} as p
+import importlib, json, pathlib
 from fp4lab import lazy
-names = lazy.stub_names(__import__("pathlib").Path({str(STUBS[package])!r}))
-for module, _ in names.values():
-    importlib.import_module(module)
-bad = [n for n, src in names.items() if getattr(p, n) is not lazy.resolve(*src)]
-print(" ".join(bad))
+names = {{p: lazy.stub_names(pathlib.Path(stub)) for p, stub in {stubs!r}.items()}}
+for each in names.values():
+    for module, _ in each.values():
+        importlib.import_module(module)
+bad = {{
+    p: [n for n, src in each.items()
+        if getattr(importlib.import_module(p), n) is not lazy.resolve(*src)]
+    for p, each in names.items()
+}}
+print(json.dumps(bad))
 """
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
     )
-    assert out.stdout.split() == [], f"shadowed by a submodule: {out.stdout}"
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("package", sorted(STUBS))
+def test_a_face_name_is_never_shadowed_by_a_submodule(package):
+    """Each name is still the face's object once every module behind the face is imported: no
+    function shares its name with a submodule of its package, which the import system would
+    bind over it."""
+    bad = _shadowed()[package]
+    assert bad == [], f"shadowed by a submodule: {bad}"

@@ -6,6 +6,8 @@ The reference is `quantize(...).dequantize()`, which always moves the axis (its 
 out that way): the two must agree bit for bit, random bits and Hadamard signs included.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -43,16 +45,36 @@ def _x(shape):
     return x.at[(0,) * len(shape)].set(0.0)
 
 
+LAYOUTS = [((64, 48), 0), ((2, 64, 48), 1), ((64, 2, 48), -3)]
+
+
+@functools.cache
+def _grid(name):
+    """{(shape, axis, rotated): (moved layout, in place)} of one spec: every case of the grid
+    through each path as one program (one compile per path and spec, not per case)."""
+    cases = [(shape, axis, rotated) for shape, axis in LAYOUTS for rotated in (True, False)]
+    key, tkey = jax.random.key(1), jax.random.key(2)
+
+    def each(path):
+        def run(xs):
+            return [path(xs[s], SPECS[name].replace(axis=a), r) for s, a, r in cases]
+
+        return jax.jit(run)({shape: _x(shape) for shape, _ in LAYOUTS})
+
+    moved = each(
+        lambda x, spec, r: quantize(x, spec, key=key, transform_key=tkey).dequantize(rotated=r)
+    )
+    here = each(
+        lambda x, spec, r: quantize_dequantize(x, spec, key=key, transform_key=tkey, rotated=r)
+    )
+    return dict(zip(cases, zip(moved, here, strict=True), strict=True))
+
+
 @pytest.mark.parametrize("name", SPECS)
-@pytest.mark.parametrize("shape, axis", [((64, 48), 0), ((2, 64, 48), 1), ((64, 2, 48), -3)])
+@pytest.mark.parametrize("shape, axis", LAYOUTS)
 @pytest.mark.parametrize("rotated", [True, False])
 def test_in_place_equals_the_moved_layout_bit_for_bit(name, shape, axis, rotated):
-    spec = SPECS[name].replace(axis=axis)
-    x, key, tkey = _x(shape), jax.random.key(1), jax.random.key(2)
-    ref = quantize(x, spec, key=key, transform_key=tkey).dequantize(rotated=rotated)
-    got = jax.jit(
-        lambda x: quantize_dequantize(x, spec, key=key, transform_key=tkey, rotated=rotated)
-    )(x)
+    ref, got = _grid(name)[shape, axis, rotated]
     np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
 
 
