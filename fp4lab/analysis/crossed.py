@@ -84,6 +84,7 @@ __all__ = [
 MIN_LEVELS = 3  # fewer levels of a stream: no interval
 DRAWS = 200_000  # default generalized draws: 5,000 beyond each end of a 95 % interval
 BOOTSTRAPS = 10_000  # at most this many pigeonhole resamples (each weighs every run)
+BLOCK = 1 << 18  # resample weights are made and reduced this many at a time (2 MiB of float64)
 ROUNDING = 1e-20  # a sum of squares below this fraction of the total is rounding: exactly 0
 NAN = float("nan")
 
@@ -361,14 +362,25 @@ def mean_interval(
         return MeanInterval(estimate, ends.lo, ends.hi, "generalized", ends.lo_se, ends.hi_se)
     rng = np.random.default_rng(seed)
     draws = min(draws, BOOTSTRAPS)
-    weight = np.ones((draws, y.size))
-    for code, n in zip(lay.codes, lay.levels, strict=True):
-        weight *= rng.multinomial(n, np.full(n, 1 / n), size=draws)[:, code]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        boots = (weight * y).sum(1) / weight.sum(1)
+    counts = [rng.multinomial(n, np.full(n, 1 / n), size=draws) for n in lay.levels]
+    boots = np.concatenate([np.empty(0), *_pigeonhole_means(counts, lay.codes, y)])
     half = scipy_stats.t.ppf(0.5 + level / 2, fewest - 1) * np.nanstd(boots, ddof=1)
     se = half / np.sqrt(2 * (np.sum(np.isfinite(boots)) - 1))  # of a standard deviation
     return MeanInterval(estimate, estimate - half, estimate + half, "pigeonhole", se, se)
+
+
+def _pigeonhole_means(counts, codes, y):
+    """The weighted mean of y under each pigeonhole draw: draw i weighs run j by the product
+    over factors of counts[f][i, codes[f][j]] (1.0 times each in factor order). Yields blocks
+    of draws, each made and reduced on its own (a row's sums run over that row only, so the
+    numbers are those of the whole (draws, runs) array, which is never held)."""
+    step = max(1, BLOCK // max(y.size, 1))
+    for start in range(0, len(counts[0]), step):
+        weight = np.ones((min(step, len(counts[0]) - start), y.size))
+        for count, code in zip(counts, codes, strict=True):
+            weight *= count[start : start + step][:, code]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            yield (weight * y).sum(1) / weight.sum(1)
 
 
 def paired_layout(a: pd.DataFrame, b: pd.DataFrame, outcome: str, streams: Sequence[str]):
