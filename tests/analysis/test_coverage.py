@@ -21,7 +21,11 @@ residual's), which missed 83 in 1000 at 95 % in "shared dominates" (band up to 7
 
 import numpy as np
 import pytest
-from crossed_design import COMPONENTS, crossed_cell  # tests/analysis/crossed_design.py
+from crossed_design import (
+    COMPONENTS,
+    crossed_cell,
+    crossed_outcomes,
+)  # tests/analysis/crossed_design.py
 from scipy import stats as scipy_stats
 
 from fp4lab.analysis import crossed
@@ -70,11 +74,12 @@ def simulate(levels, sd, level, seed):
     misses = dict.fromkeys(names, 0)
     rng = np.random.default_rng(seed)
     for start in range(0, SIMS, CHUNK):
-        tables = [crossed_cell("c", levels, sd, seed * 100_000 + start + i) for i in range(CHUNK)]
-        lay = crossed.layout(tables[0])
-        per = [crossed.mean_squares(t["loss_gap"].to_numpy(), lay) for t in tables]
+        seeds = [seed * 100_000 + start + i for i in range(CHUNK)]
+        lay = crossed.layout(crossed_cell("c", levels, sd, seeds[0]))  # the tables' one layout
+        ys = [crossed_outcomes(levels, sd, s)[0] for s in seeds]  # their rows' loss_gap
+        per = [crossed.mean_squares(y, lay) for y in ys]
         ms = {s: (np.array([[p[s][0]] for p in per]), per[0][s][1]) for s in per[0]}
-        mean = np.array([[t["loss_gap"].mean()] for t in tables])
+        mean = np.array([[y.mean()] for y in ys])
         gci = crossed.gci_from_mean_squares(ms, lay, mean, draws=DRAWS[level], rng=rng)
         ends = {"mean": crossed.quantile_ends(gci["mean"], level)}
         for n, s in enumerate(crossed.components(lay)):

@@ -29,9 +29,12 @@ def path(request, monkeypatch):
     if request.param == "kernel":
         if not cpu_kernels.available():
             pytest.skip(f"no CPU kernels here: {cpu_kernels.build_error()}")
-    else:
-        monkeypatch.setattr(prng, "_kernel_here", lambda: False)
-    jax.clear_caches()  # nothing traced under the other path is reused
+        yield request.param
+        return
+    # nothing traced under the other path is reused, here or after (which the kernel's tests,
+    # and every later test of the process, rely on)
+    monkeypatch.setattr(prng, "_kernel_here", lambda: False)
+    jax.clear_caches()
     yield request.param
     jax.clear_caches()
 
