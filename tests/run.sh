@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command: lint, the layers contract, the test suite (CPU only), then the native-path
-# parity tests in a Python 3.12 environment with jax >= 0.11 when one can be made (skipped,
-# saying so, otherwise). Arguments go to pytest, e.g. `bash tests/run.sh -m "not slow"`.
+# The test command: lint, the layers contract, the test suite (CPU only) and, beside it, the
+# native-path parity tests in a Python 3.12 environment with jax >= 0.11 when one can be made
+# (skipped, saying so, otherwise). Arguments go to the suite's pytest, e.g.
+# `bash tests/run.sh -m "not slow"`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
