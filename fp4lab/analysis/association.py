@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from fp4lab.analysis.crossed import BLOCK, MIN_LEVELS, layout
+from fp4lab.analysis.crossed import MIN_LEVELS, layout, pigeonhole_weights
 from fp4lab.analysis.frames import ok_runs
 from fp4lab.analysis.montecarlo import side_word
 from fp4lab.schema import STREAMS
@@ -70,23 +70,6 @@ def _weighted_r(w: np.ndarray, x: np.ndarray, y: np.ndarray, cells: np.ndarray) 
         return sxy / np.sqrt(sxx * syy)
 
 
-def _resampled_r(counts, codes, x, y, cells) -> np.ndarray:
-    """`_weighted_r` of each pigeonhole draw: draw i weighs run j by the product over streams of
-    counts[s][i, codes[s][j]] (1.0 times each in stream order). Made and reduced a block of
-    draws at a time: every number is computed as on the whole (draws, runs) array (a row's
-    sums run over that row only), without holding that array, which at 64,000 draws of 1,000
-    runs is 512 MB per temporary and made the call memory-bound (about 7x slower)."""
-    total, runs = len(counts[0]), len(x)
-    step = max(1, BLOCK // max(runs, 1))
-    out = []
-    for start in range(0, total, step):
-        w = np.ones((min(step, total - start), runs))
-        for count, code in zip(counts, codes, strict=True):
-            w *= count[start : start + step][:, code]
-        out.append(_weighted_r(w, x, y, cells))
-    return np.concatenate(out) if out else np.empty(0)
-
-
 def within_correlation(
     runs: pd.DataFrame,
     x: str,
@@ -116,7 +99,7 @@ def within_correlation(
     lay = layout(rows, streams)  # streams that always move together are one factor
     if not lay.factors:
         return Correlation(r, NAN, NAN, len(rows), "no varying seed stream")
-    codes, levels = lay.codes, lay.levels
+    levels = lay.levels
     if min(levels) < MIN_LEVELS:
         return Correlation(r, NAN, NAN, len(rows), f"too few seeds ({min(levels)} level(s))")
     z = np.arctanh(np.clip(r, -1 + 1e-12, 1 - 1e-12))
@@ -124,10 +107,9 @@ def within_correlation(
     rng = np.random.default_rng(seed)
     boots = np.empty(0)
     while True:
-        counts = [rng.multinomial(n, np.full(n, 1 / n), size=draws - boots.size) for n in levels]
-        drawn = np.arctanh(
-            np.clip(_resampled_r(counts, codes, xs, ys, cells), -1 + 1e-12, 1 - 1e-12)
-        )
+        blocks = pigeonhole_weights(rng, lay, draws - boots.size)  # one row per draw
+        r_drawn = np.concatenate([np.empty(0), *(_weighted_r(w, xs, ys, cells) for w in blocks)])
+        drawn = np.arctanh(np.clip(r_drawn, -1 + 1e-12, 1 - 1e-12))
         boots = np.concatenate([boots, drawn])
         sd = np.nanstd(boots, ddof=1)
         lo, hi = float(np.tanh(z - t * sd)), float(np.tanh(z + t * sd))

@@ -50,7 +50,7 @@ independently, a conservative variance) with a t quantile on min(levels) - 1 df.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -77,6 +77,7 @@ __all__ = [
     "stream_draws",
     "own_test",
     "mean_interval",
+    "pigeonhole_weights",
     "finite_runs",
     "paired_layout",
 ]
@@ -362,25 +363,36 @@ def mean_interval(
         return MeanInterval(estimate, ends.lo, ends.hi, "generalized", ends.lo_se, ends.hi_se)
     rng = np.random.default_rng(seed)
     draws = min(draws, BOOTSTRAPS)
-    counts = [rng.multinomial(n, np.full(n, 1 / n), size=draws) for n in lay.levels]
-    boots = np.concatenate([np.empty(0), *_pigeonhole_means(counts, lay.codes, y)])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = [(w * y).sum(1) / w.sum(1) for w in pigeonhole_weights(rng, lay, draws)]
+    boots = np.concatenate([np.empty(0), *means])
     half = scipy_stats.t.ppf(0.5 + level / 2, fewest - 1) * np.nanstd(boots, ddof=1)
     se = half / np.sqrt(2 * (np.sum(np.isfinite(boots)) - 1))  # of a standard deviation
     return MeanInterval(estimate, estimate - half, estimate + half, "pigeonhole", se, se)
 
 
-def _pigeonhole_means(counts, codes, y):
-    """The weighted mean of y under each pigeonhole draw: draw i weighs run j by the product
-    over factors of counts[f][i, codes[f][j]] (1.0 times each in factor order). Yields blocks
-    of draws, each made and reduced on its own (a row's sums run over that row only, so the
-    numbers are those of the whole (draws, runs) array, which is never held)."""
-    step = max(1, BLOCK // max(y.size, 1))
-    for start in range(0, len(counts[0]), step):
-        weight = np.ones((min(step, len(counts[0]) - start), y.size))
+def pigeonhole_weights(rng: np.random.Generator, lay: Layout, draws: int) -> Iterator[np.ndarray]:
+    """Owen's pigeonhole resamples of a layout's runs, as weights in blocks of draws.
+
+    Each factor's levels are drawn with replacement (multinomial counts, factor by factor, all
+    `draws` at once, now), and draw i weighs run j by the product over factors of the count of
+    j's level (1.0 times each, in factor order). The weights come as (block, runs) arrays, a
+    block of draws at a time, each row as the whole (draws, runs) array would hold it: a
+    caller that reduces each row on its own gets the numbers of the whole array without holding
+    it (at 64,000 draws of 1,000 runs, 512 MB per temporary).
+    """
+    counts = [rng.multinomial(n, np.full(n, 1 / n), size=draws) for n in lay.levels]
+    runs = len(lay.codes[0]) if lay.codes else 0
+    return _weight_blocks(counts, lay.codes, draws, runs)
+
+
+def _weight_blocks(counts, codes, draws: int, runs: int) -> Iterator[np.ndarray]:
+    step = max(1, BLOCK // max(runs, 1))
+    for start in range(0, draws, step):
+        weight = np.ones((min(step, draws - start), runs))
         for count, code in zip(counts, codes, strict=True):
             weight *= count[start : start + step][:, code]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            yield (weight * y).sum(1) / weight.sum(1)
+        yield weight
 
 
 def paired_layout(a: pd.DataFrame, b: pd.DataFrame, outcome: str, streams: Sequence[str]):
