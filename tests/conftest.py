@@ -13,6 +13,12 @@ a test's time is XLA compiling small programs it runs a few steps of, and this h
 Nothing the tests check depends on it: the numerics are IEEE operations that LLVM may not
 reorder (XLA's CPU backend does not enable fast-math), and every bit-for-bit comparison is
 between programs compiled the same way. FP4LAB_TEST_XLA_OPT=1 keeps XLA's default.
+
+jax.random's Threefry hash lowers to fp4lab's CPU kernel in the tests' own processes
+(`cpu_kernels.lower_jax_threefry`: the same bits, tests/core/test_prng.py; a training program
+compiles in about a quarter less time). The tests that hold fp4lab's hash against jax's take
+jax's own lowering back while they run (the `jax_threefry` fixture), so that their reference
+is jax's code. FP4LAB_TEST_JAX_THREEFRY=jax keeps jax's lowering throughout.
 """
 
 import os
@@ -27,7 +33,10 @@ if os.environ.get("FP4LAB_TEST_XLA_OPT") != "1" and "backend_optimization_level"
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from jax.extend import random as jex_random  # noqa: E402
+from jax.interpreters import mlir  # noqa: E402
 
+from fp4lab.core import cpu_kernels  # noqa: E402
 from fp4lab.sweep.compute import use_compile_cache  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -37,6 +46,37 @@ os.environ["XDG_CACHE_HOME"] = str(_root / "user")
 _cache = os.environ.get("FP4LAB_TEST_COMPILE_CACHE", "")
 if _cache != "off":
     use_compile_cache(_cache or _root, min_compile_seconds=0)
+# jax's CPU lowering of its Threefry primitive, before it is replaced (for `jax_threefry`)
+_CPU_RULES = mlir._platform_specific_lowerings["cpu"]
+_JAX_THREEFRY = _CPU_RULES[jex_random.threefry2x32_p]
+if os.environ.get("FP4LAB_TEST_JAX_THREEFRY") != "jax":
+    cpu_kernels.lower_jax_threefry()
+
+
+def _threefry_rule(rule):
+    """Makes `rule` the CPU lowering of jax's Threefry hash; returns the one it replaced. jax's
+    caches are cleared, so that nothing traced under the other one is reused."""
+    before = _CPU_RULES[jex_random.threefry2x32_p]
+    _CPU_RULES[jex_random.threefry2x32_p] = rule
+    jax.clear_caches()
+    return before
+
+
+@pytest.fixture(scope="module")
+def jax_threefry():
+    """jax's own lowering of its Threefry hash while a module's tests run."""
+    before = _threefry_rule(_JAX_THREEFRY)
+    yield
+    _threefry_rule(before)
+
+
+@pytest.fixture
+def to_jax_threefry():
+    """A function that gives jax's own lowering of its Threefry hash back for the rest of the
+    test (then the suite's again)."""
+    before = _CPU_RULES[jex_random.threefry2x32_p]
+    yield lambda: _threefry_rule(_JAX_THREEFRY)
+    _threefry_rule(before)
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@
                        outer scales (`fp4lab.core.stats`, method "fused")
     threefry.cc        the Threefry-2x32 hash of jax's fold_in and split (`fp4lab.core.prng`):
                        one instruction of the program where jax compiles a while loop at
-                       every key the quantizers derive
+                       every key the quantizers derive; and jax's own hash, elementwise,
+                       where `lower_jax_threefry` is turned on
     ../sweep/step_reports.cc
                        step reports out of a compiled training run into a queue the host
                        drains (`fp4lab.sweep.step_reports`): unlike a Python callback it
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import sys
 from pathlib import Path
@@ -53,6 +55,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import random as jex_random
+from jax.interpreters import mlir
 
 from fp4lab.core import kernel_build
 
@@ -68,6 +72,8 @@ __all__ = [
     "block_stats",
     "quantize_blocks",
     "threefry",
+    "threefry2x32",
+    "lower_jax_threefry",
     "cache_folder",
     "compile_command",
 ]
@@ -76,12 +82,14 @@ SOURCE = Path(__file__).with_name("operand_stats.cc")  # the statistics kernel's
 SOURCES = tuple(kernel_build.PACKAGE / path for path in kernel_build.SOURCES)  # one library
 _TARGET = "fp4lab_operand_stats"
 _THREEFRY = "fp4lab_threefry"
+_THREEFRY2X32 = "fp4lab_threefry2x32"
 _PROGRESS = "fp4lab_progress"
 _QUANTIZE = "fp4lab_quantize"
 TARGETS = (
     _TARGET,
     _QUANTIZE,
     _THREEFRY,
+    _THREEFRY2X32,
     _PROGRESS,
 )  # the FFI targets the kernels register (what a program may call)
 CLONES = ("baseline", "avx2", "avx512f")  # the quantizer's element loops, per instruction set
@@ -285,3 +293,49 @@ def threefry(keys: jax.Array, counts: jax.Array) -> jax.Array:
         _THREEFRY, jax.ShapeDtypeStruct((*counts.shape, 2), jnp.uint32), vmap_method="expand_dims"
     )
     return call(keys, counts)
+
+
+def threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array) -> list[jax.Array]:
+    """[y0, y1] = threefry2x32((k0, k1), (x0, x1)) elementwise, on one thread: four uint32
+    arrays that broadcast together (the operands of jax's `threefry2x32_p`).
+
+    Raises:
+      RuntimeError: the kernels cannot be built here (`build_error`).
+    """
+    if not available():
+        raise RuntimeError(f"fp4lab's CPU kernels are not available: {build_error()}")
+    words = [jnp.asarray(w) for w in (k0, k1, x0, x1)]
+    if any(w.dtype != jnp.uint32 for w in words):
+        raise ValueError(f"threefry2x32 needs uint32 words, got {[str(w.dtype) for w in words]}")
+    return _threefry2x32_call(*words)
+
+
+def _threefry2x32_call(*words: jax.Array) -> list[jax.Array]:
+    """threefry2x32's kernel call, unchecked (the kernels are registered)."""
+    shape = jnp.broadcast_shapes(*(w.shape for w in words))
+    if math.prod(shape) == 0:
+        return [jnp.zeros(shape, jnp.uint32)] * 2
+    out = jax.ShapeDtypeStruct(shape, jnp.uint32)
+    call = jax.ffi.ffi_call(_THREEFRY2X32, (out, out), vmap_method="broadcast_all")
+    return list(call(*(jnp.broadcast_to(w, shape) for w in words)))
+
+
+def lower_jax_threefry() -> bool:
+    """From now on in this process, jax's Threefry primitive (`jax.extend.random.threefry2x32_p`,
+    behind every jax.random function of a Threefry key: flax's initializers, a model's
+    dropout, a task's sampler) lowers on the CPU to `threefry2x32`'s kernel call: one
+    instruction where jax compiles a while loop of five iterations, so programs that derive
+    or draw many keys compile faster (a small training program: about a quarter less compile
+    time). The bits are the same: integer arithmetic (the tests compare it with jax's
+    lowering and with published test vectors). The kernel runs on one thread, so a large
+    draw may run slower; programs lowered before the call keep jax's loop. Off unless
+    called (the test suite turns it on).
+
+    Returns:
+      Whether it is on: False where the kernels are not available (jax's lowering stays).
+    """
+    if not available():
+        return False
+    rule = mlir.lower_fun(_threefry2x32_call, multiple_results=True)
+    mlir.register_lowering(jex_random.threefry2x32_p, rule, platform="cpu")
+    return True

@@ -28,7 +28,9 @@ What jax computes, with its default "partitionable" Threefry (`jax_threefry_part
 
 `fold_in` is the same in jax's older, non-partitionable layout; `random_bits` and `split` are
 not, and with that layout (or a key of another implementation) they call jax.random instead.
-The tests hold every function against jax.random bit for bit.
+The tests hold every function against jax.random bit for bit. `cpu_kernels.lower_jax_threefry`
+goes further, for the rest of a process: jax's own Threefry primitive lowers on the CPU to the
+same C++ kernel, so that flax's initializers and any other jax.random call compile faster too.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def exported(fn, cfg: Config, keys: Any, where: Path, every: int = 0):
     checks = [export.DisabledSafetyCheck.custom_call(t) for t in cpu_kernels.TARGETS]
     program = export.export(jax.jit(fn), disabled_checks=checks)(keys)
     text = program.mlir_module()
-    meta = {"kernels": sorted(t for t in cpu_kernels.TARGETS if t in text)}
+    meta = {"kernels": sorted(t for t in cpu_kernels.TARGETS if f"custom_call @{t}(" in text)}
     data = json.dumps(meta).encode() + b"\n" + bytes(program.serialize())
     try:  # atomic: a reader never sees half a file
         write_atomic(path, data)

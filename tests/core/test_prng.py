@@ -1,5 +1,7 @@
 """fp4lab.core.prng against jax.random, bit for bit: random bits, fold_in and split, through the
-C++ kernel and through the written-out rounds, under jit and vmap."""
+C++ kernel and through the written-out rounds, under jit and vmap. jax.random here is jax's own
+lowering of its hash (the `jax_threefry` fixture; the suite's other tests lower it to the
+kernel, tests/core/test_jax_threefry.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,7 @@ KEYS = {
     "folded": jax.random.fold_in(jax.random.key(3), 2**31 + 5),
 }
 DATA = np.array([0, 1, 5, 2**31, 2**32 - 1, 123456789], np.uint32)
+pytestmark = pytest.mark.usefixtures("jax_threefry")
 
 
 def _words(k):
