@@ -2,6 +2,8 @@
 test suite): the published test vectors, a NumPy transcription of the hash, and every jax.random
 function of a Threefry key against jax's own lowering, bit for bit."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,6 +91,9 @@ def _draws():
     return {name: np.asarray(v) for name, v in out.items()}
 
 
+@pytest.mark.skipif(
+    os.environ.get("FP4LAB_TEST_JAX_THREEFRY") == "jax", reason="the kernel's lowering is off"
+)
 def test_jax_random_gives_jax_s_bits_through_the_kernel(to_jax_threefry):
     hlo = jax.jit(lambda k: jax.random.bits(k, (4,), jnp.uint32)).lower(jax.random.key(0))
     hlo = hlo.compile().as_text()
