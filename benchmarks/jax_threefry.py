@@ -4,10 +4,10 @@
 where jax compiles a while loop of five iterations, for the rest of a process. A sweep cell's
 program holds many of them (flax's initializers, the task's data sampler, the seed streams'
 keys). Each row is a fresh process (the lowering is process-wide) that runs one cell through
-`fp4lab.sweep.compute_cell` (2 seeds, `--steps` steps, nvfp4), twice: the first call (trace,
-lower, compile and run) and its XLA compile seconds, then the second call (the program cached,
-the run alone). The processes alternate between the two lowerings, round by round; the table
-gives the medians and the ratio kernel / jax per round.
+`fp4lab.sweep.compute_cell` (2 seeds, `--steps` steps, nvfp4), twice: the first call, with the
+cell's compile seconds as `compute_cell` reports them (trace, lower and compile of its program),
+then the second call (the program cached, the run alone). The processes alternate between the
+two lowerings, round by round; the table gives the medians and the ratio kernel / jax per round.
 
     python benchmarks/jax_threefry.py                  # lm and mlp cells, 3 rounds
     python benchmarks/jax_threefry.py --cell lm --rounds 5
@@ -37,31 +37,26 @@ CHILD = "--child"  # the argument that makes a process measure one row
 
 
 def child(cell: str, lowering: str, steps: int) -> dict:
-    """One row, measured in this process."""
-    from jax._src import monitoring
-
+    """One row, measured in this process: the cell's compile seconds as `compute_cell` reports
+    them (`compile_s`: trace, lower and compile of the cell's program), its first call and its
+    second."""
     from fp4lab import sweep
     from fp4lab.core import cpu_kernels
     from fp4lab.train.config import Config
 
     if lowering == "kernel" and not cpu_kernels.lower_jax_threefry():
         raise SystemExit(f"no CPU kernels here: {cpu_kernels.build_error()}")
-    compiled = [0.0]
-
-    def listen(event, seconds, **_):
-        if event.endswith("backend_compile_duration"):
-            compiled[0] += seconds
-
-    monitoring.register_event_duration_secs_listener(listen)
     batch = 8 if cell == "lm" else 32
     config = Config(**(CELLS[cell] | dict(recipe="nvfp4", steps=steps, batch_size=batch)))
     seeds = [(0, 0, 0), (1, 1, 1)]
     t = time.perf_counter()
-    sweep.compute_cell(config.to_dict(), seeds)
-    first = time.perf_counter() - t
+    first = sweep.compute_cell(config.to_dict(), seeds)
+    first_s = time.perf_counter() - t
     t = time.perf_counter()
     sweep.compute_cell(config.to_dict(), seeds)
-    return dict(compile=compiled[0], first=first, second=time.perf_counter() - t)
+    return dict(
+        compile=first[0]["summary"]["compile_s"], first=first_s, second=time.perf_counter() - t
+    )
 
 
 def main():
