@@ -116,6 +116,10 @@ RECORDED_BEFORE: dict[str, Any] = {
     "target_on": "train",
     "pad_seeds": True,
     "pad": False,
+    "qk_norm": False,
+    "z_loss": 0.0,
+    "activation": "gelu",
+    "signals": False,
 }
 
 
@@ -254,6 +258,7 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
         _SUMMARY,
     ),
     "final_train_loss": ("float", "mean train loss of the last 10 % of steps", _SUMMARY),
+    "initial_loss": ("float", "the training loss at step 0 (LR sensitivity's cap)", _SUMMARY),
     "eval_loss": ("float", "held-out loss under the run's recipe (NaN: none)", _SUMMARY),
     "loss_floor": ("float", "the task's optimum (NaN: unknown)", _SUMMARY),
     "loss_gap": ("float", "final_loss - loss_floor", _SUMMARY),
@@ -267,6 +272,15 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
     ),
     "divergence_step": ("float", "the step of its first divergence (NaN: none)", _SUMMARY),
     "divergence_kind": ("str", '"", "nonfinite" or "spike"', _SUMMARY),
+    "spikes": (
+        "int",
+        "loss spike events: the loss above 2x the median of its last 20 (fp4lab.train.spikes)",
+        _SUMMARY,
+    ),
+    "first_spike": ("float", "the step of the first spike event (NaN: none)", _SUMMARY),
+    "max_spike": ("float", "the largest spike's peak / its median (NaN: none)", _SUMMARY),
+    "diverged_at_end": ("bool", "the run ends inside a spike event (unrecovered)", _SUMMARY),
+    "spike_events": ("str", 'every spike event, "step:size:length" joined by ";"', _SUMMARY),
     "learned": (
         "bool",
         'the training loss fell below its first value at some step (False: "did not learn")',

@@ -37,10 +37,24 @@ class GemmRecipe:
     wgrad_x: QuantSpec | None = None  # activations in the weight-gradient GEMM
     wgrad_dy: QuantSpec | None = None  # output gradient in the weight-gradient GEMM
     backward: str = "quantized"  # "quantized" | "dequantized" | "high_precision"
+    # the affine vectors (scale, bias) of the norm layers the recipe's rule reaches
+    # (nnx.LayerNorm, nnx.RMSNorm), fake-quantized in the forward with a straight-through
+    # gradient, as microxcaling's emulation does; None (the default): high precision
+    norms: QuantSpec | None = None
     name: str = dataclasses.field(default="", compare=False)  # label for tables
 
     def __post_init__(self):
         schema.check_choice("GemmRecipe", "backward", self.backward, BACKWARD_MODES)
+        if self.norms is not None:
+            if not isinstance(self.norms, QuantSpec):
+                raise ValueError(
+                    f"GemmRecipe.norms must be a QuantSpec or None, got {self.norms!r}"
+                )
+            if self.norms.needs_key or self.norms.transform is not None:
+                raise ValueError(
+                    f"GemmRecipe.norms={self.norms.summary()}: the norm vectors take a "
+                    "deterministic spec (round to nearest, no Hadamard)"
+                )
         for g in GEMMS:
             a, b = (self.spec(g, o) for o in OPERANDS[g])
             for o, s in zip(OPERANDS[g], (a, b), strict=True):
@@ -95,14 +109,18 @@ class GemmRecipe:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The six operand specs (`QuantSpec.to_dict`, None: unquantized) and the backward mode
-        as plain JSON. The name, a label that takes no part in equality, is left out: equal
-        recipes give equal dicts, and so equal run ids. `from_dict` inverts it."""
+        """The six operand specs (`QuantSpec.to_dict`, None: unquantized), the backward mode
+        and, where set, the norms' spec as plain JSON. The name, a label that takes no part in
+        equality, is left out: equal recipes give equal dicts, and so equal run ids (a recipe
+        without norms gives the dict it gave before the field existed). `from_dict` inverts
+        it."""
         d: dict[str, Any] = {}
         for field in schema.OPERAND_NAMES:
             s = getattr(self, field)
             d[field] = None if s is None else s.to_dict()
         d["backward"] = self.backward
+        if self.norms is not None:  # left out when None: the ids of earlier runs stay
+            d["norms"] = self.norms.to_dict()
         return d
 
     @classmethod
@@ -114,8 +132,9 @@ class GemmRecipe:
           ValueError: not a dict, an unknown field (named, with the allowed ones) or a bad spec
             (the message names the operand and the spec's field).
         """
-        kw = schema.check_fields("GemmRecipe", d, [*schema.OPERAND_NAMES, "backward", "name"])
-        for field in schema.OPERAND_NAMES:
+        allowed = [*schema.OPERAND_NAMES, "backward", "norms", "name"]
+        kw = schema.check_fields("GemmRecipe", d, allowed)
+        for field in (*schema.OPERAND_NAMES, "norms"):
             if isinstance(kw.get(field), dict):
                 try:
                     kw[field] = QuantSpec.from_dict(kw[field])

@@ -375,6 +375,8 @@ def override(
     GemmRecipe (take its specs for the key), a QuantSpec (the spec of the operand, or of both
     operands of the GEMM) or None (unquantized). GEMM keys apply first, so an operand key
     refines a GEMM key: {"wgrad": "bf16", "wgrad_dy": None}. The name and backward mode stay.
+    The key "norms" sets the spec of the norm layers' vectors (`GemmRecipe.norms`: a QuantSpec,
+    or None for high precision).
 
     Raises:
       ValueError: an unknown key or recipe name, a value of another type, or a result whose
@@ -384,13 +386,21 @@ def override(
     gemm_first = sorted(items, key=lambda kv: kv[0] not in GEMMS)
     fields: dict[str, QuantSpec | None] = {}
     for key, value in gemm_first:
+        if key == "norms":
+            if value is not None and not isinstance(value, QuantSpec):
+                raise ValueError(
+                    f"override 'norms'={value!r} ({type(value).__name__}); allowed: a QuantSpec "
+                    "(e.g. fl.mxfp4()) or None"
+                )
+            fields["norms"] = value
+            continue
         if key in GEMMS:
             targets = [(schema.operand_name(key, o), key, o) for o in OPERANDS[key]]
         elif key in schema.OPERAND_NAMES:
             gemm, operand = key.split("_", 1)
             targets = [(key, gemm, operand)]
         else:
-            allowed = (*GEMMS, *schema.OPERAND_NAMES)
+            allowed = (*GEMMS, *schema.OPERAND_NAMES, "norms")
             hint = schema.did_you_mean(key, allowed)
             raise ValueError(f"override key {key!r}; allowed: {', '.join(allowed)}{hint}")
         if isinstance(value, str):

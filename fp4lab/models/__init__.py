@@ -7,11 +7,13 @@ is always exercised on unmodified model code. Module paths are the dotted nnx gr
 
 from fp4lab.models.mlp import MLP
 from fp4lab.models.policy import ActorCritic
+from fp4lab.models.resmlp import ResidualMLP
 from fp4lab.models.transformer import Attention, Block, SwiGLU, Transformer, TransformerConfig, rope
 
 __all__ = [
     "MLP",
     "ActorCritic",
+    "ResidualMLP",
     "Transformer",
     "TransformerConfig",
     "Block",

@@ -1,7 +1,8 @@
 """A tiny Llama-style decoder-only language model in plain flax.nnx.
 
 tokens_BxT -> Embed -> n_layers x [x + Attn(RMSNorm(x)); x + SwiGLU(RMSNorm(x))] -> RMSNorm
--> lm_head -> logits_BxTxV (float32).
+-> lm_head -> logits_BxTxV (float32). With `qk_norm`, each head's queries and keys pass an
+RMSNorm ("blocks.0.attn.q_norm", "k_norm") before RoPE (qk-layernorm, Wortsman et al. 2023).
 
 Attention is causal multi-head self-attention with rotary position embeddings (RoPE, Su et al.
 2021, arXiv 2104.09864) on queries and keys; the projections are nnx.LinearGeneral layers named
@@ -46,6 +47,7 @@ class TransformerConfig:
     dtype: str = "float32"  # computation dtype: "float32" | "bfloat16" | "float16"
     rope_base: float = 10_000.0  # RoPE wavelength base
     scan_layers: bool = False  # blocks as one stacked Block under nnx.scan (compile once)
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys before RoPE (qk-layernorm)
 
     def __post_init__(self):
         for name in ("vocab", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
@@ -106,12 +108,20 @@ class Attention(nnx.Module):
         self.value = nnx.LinearGeneral(D, (N, H), **kw)
         self.out = nnx.LinearGeneral((N, H), D, axis=(-2, -1), **kw)
         self.rope_base = cfg.rope_base
+        if cfg.qk_norm:  # Dehghani et al. 2023, Wortsman et al. 2023: bounds the logits' growth
+            self.q_norm = nnx.RMSNorm(H, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
+            self.k_norm = nnx.RMSNorm(H, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
+        else:
+            self.q_norm = self.k_norm = None
 
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         T = x_BxTxD.shape[1]
         positions_T = jnp.arange(T)
-        q_BxTxNxH = rope(self.query(x_BxTxD), positions_T, self.rope_base)
-        k_BxTxNxH = rope(self.key(x_BxTxD), positions_T, self.rope_base)
+        q_BxTxNxH, k_BxTxNxH = self.query(x_BxTxD), self.key(x_BxTxD)
+        if self.q_norm is not None:
+            q_BxTxNxH, k_BxTxNxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxNxH)
+        q_BxTxNxH = rope(q_BxTxNxH, positions_T, self.rope_base)
+        k_BxTxNxH = rope(k_BxTxNxH, positions_T, self.rope_base)
         v_BxTxNxH = self.value(x_BxTxD)
         H = q_BxTxNxH.shape[-1]
         scores_BxNxTxT = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxTxNxH)

@@ -12,6 +12,10 @@ query/key/value/out projections of nnx.MultiHeadAttention), `einsum_op` of nnx.E
 `attention_fn` of nnx.MultiHeadAttention (the score and value matmuls). Module paths are the
 dotted nnx graph paths ("blocks.0.mlp.up").
 
+A recipe with `GemmRecipe.norms` also quantizes the affine vectors of the norm layers
+(nnx.LayerNorm, nnx.RMSNorm) whose path its rule matches (`fp4lab.nnx.norms`); other recipes
+leave them in high precision, as before.
+
 Stochastic rounding and random Hadamard signs draw keys from a dedicated quantization stream:
 each quantized op (`fp4lab.nnx.op`) holds a base key folded from the model key and its path, and
 a call counter; the key of a call is fold_in(base, counter), split per GEMM operand by the plan.
@@ -27,7 +31,7 @@ import jax
 from flax import nnx
 
 from fp4lab.core import recipes
-from fp4lab.nnx import gemm_trace
+from fp4lab.nnx import gemm_trace, norms
 from fp4lab.nnx.op import (
     QuantizedAttention,
     QuantizedConv,
@@ -205,10 +209,58 @@ def quantize_model(
         else:  # a submodule holding the op's state; nnx.data marks it as a child node
             qop = _OP_MODULES[op](recipe, dotted, key, original, backend, telemetry, layers=layers)
             setattr(module, attr, nnx.data(qop))
+    for module, dotted, spec in _norm_plan(model, rules, used):
+        norms.set_norm_spec(module, spec, dotted)
     for rule, u in zip(rules, used, strict=True):
         if not u:
             warnings.warn(f"quantize_model: rule {rule.path!r} matched no module", stacklevel=2)
     return model
+
+
+def _norm_plan(model: nnx.Module, rules: list[Rule], used: list[bool]) -> list:
+    """(module, dotted path, norms spec or None) of every norm layer (`norms.NORM_TYPES`):
+    the `GemmRecipe.norms` of the first rule matching its path (a rule with such a spec is
+    then used). Stacked layers (nnx.scan) must agree on one spec."""
+    out = []
+    for path, module in nnx.iter_modules(model):
+        if not isinstance(module, norms.NORM_TYPES):
+            continue
+        dotted = _dotted(path)
+        stack = _stack_of_norm(model, path, module)
+        specs = set()
+        for layer in _layer_paths(path, *stack) if stack else [dotted]:
+            for i, rule in enumerate(rules):
+                if re.fullmatch(rule.path, layer) is not None:
+                    recipe = recipes.get(rule.recipe)
+                    spec = recipe.norms if recipe is not None else None
+                    used[i] = used[i] or spec is not None
+                    specs.add(spec)
+                    break
+            else:
+                specs.add(None)
+        if len(specs) > 1:
+            raise ValueError(
+                f"{dotted}: the stacked (scanned) layers' rules give its norm vectors different "
+                "specs; under nnx.scan every layer's norms take one spec"
+            )
+        out.append((module, dotted, specs.pop()))
+    return out
+
+
+def _stack_of_norm(model: nnx.Module, path, module) -> tuple[tuple, int] | None:
+    """As `_stack_of`, for a norm layer: stacked when its scale has a leading layer axis."""
+    scale = getattr(module, "scale", None)
+    if not isinstance(scale, nnx.Param) or scale.get_value().ndim < 2:
+        return None
+    length = scale.get_value().shape[0]
+    modules = dict((tuple(p), m) for p, m in nnx.iter_modules(model))
+    root = tuple(path)
+    for cut in range(len(path) - 1, 0, -1):
+        leads = {v.shape[0] if v.ndim else None for v in _params(modules[tuple(path[:cut])])}
+        if leads != {length}:
+            break
+        root = tuple(path[:cut])
+    return root, length
 
 
 def unmatched_rules(model: nnx.Module, rules) -> list[Rule]:
@@ -342,6 +394,10 @@ def describe(model: nnx.Module):
         if isinstance(current, QuantizedOp):
             name = current.recipe.name or "custom"
         rows.append({"path": _dotted(path), "op": op, "recipe": name})
+    for path, module in nnx.iter_modules(model):  # norm layers whose vectors are quantized
+        spec = norms.norm_spec(module)
+        if spec is not None:
+            rows.append({"path": _dotted(path), "op": "norm", "recipe": f"norms={spec.summary()}"})
     rows += [{"path": p, "op": "-", "recipe": NO_SEAM} for p in unseamed(model)]
     return pd.DataFrame(rows, columns=["path", "op", "recipe"])
 
@@ -374,8 +430,11 @@ def backend_report(model: nnx.Module):
 
 
 def unquantize(model: nnx.Module) -> nnx.Module:
-    """Restores every seam quantize_model replaced, in place."""
+    """Restores every seam quantize_model replaced (and every norm layer), in place."""
     for _, module, _, attr in _seams(model):
         if isinstance(getattr(module, attr), QuantizedOp):
             setattr(module, attr, nnx.static(getattr(module, attr).original))
+    for path, module in nnx.iter_modules(model):
+        if norms.norm_spec(module) is not None:
+            norms.set_norm_spec(module, None, _dotted(path))
     return model

@@ -49,6 +49,7 @@ from fp4lab.sweep import programs as stored_programs
 from fp4lab.sweep import step_reports
 from fp4lab.sweep.provenance import cpu
 from fp4lab.train.config import Config
+from fp4lab.train.signals import SIGNALS
 
 __all__ = [
     "call_width",
@@ -95,7 +96,8 @@ def progress_every(cfg: Config, reports: int = 50) -> int:
 
 
 _OUT = ("loss", "grad_norm", "loss_scale")  # what a step report carries, in this order
-SERIES = (*_OUT, "loss_hp")  # the per-step series a record keeps (loss_hp: Config.target_on)
+# the per-step series a record keeps (loss_hp: Config.target_on; the signals: Config.signals)
+SERIES = (*_OUT, "loss_hp", *SIGNALS)
 
 
 def _kernel_reports() -> bool:

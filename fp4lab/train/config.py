@@ -15,6 +15,8 @@ Precision is written with recipe names or with values:
     rules=((r"lm_head", "bf16"),)         per-layer exceptions, first match wins, before ".*"
     phases=((0.9, "bf16"),)               from 90 % of the steps on, everything in bf16
     phases=((0.9, {"gemms": {"fprop": "bf16"}}),)   ... or only the forward GEMM
+    phases=((1500, {"lr_scale": 0.5}),)   from step 1500 on, half the learning rate
+    gemms={"norms": fl.mxfp4()}           the norm layers' scale and bias in MXFP4 too
 
 A recipe (in `recipe`, `rules`, phases) is a name of `fp4lab.recipes.names()` or a GemmRecipe;
 a `gemms` key is a GEMM ("wgrad": both operands) or an operand ("dgrad_dy"), its value a recipe
@@ -57,7 +59,8 @@ __all__ = [
     "jsonable",
 ]
 
-TASKS = ("markov", "teacher", "text", "own")
+TASKS = ("markov", "teacher", "proxy", "text", "own")
+ACTIVATIONS = ("gelu", "swiglu")  # proxy: the residual MLP's block
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
 LOSS_SCALING = ("none", "static", "dynamic")
@@ -65,7 +68,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # what tokens to target reads: "train" the training loss (under the run's recipe), "hp" the
 # per-step held-out loss under a high-precision forward (the `loss_hp` series)
 TARGET_ON = ("train", "hp")
-_PHASE_KEYS = ("recipe", "gemms", "backward", "rules")
+_PHASE_KEYS = ("recipe", "gemms", "backward", "rules", "lr_scale")
 
 _INT_1 = {"integer": True, "low": 1}
 _INT_0 = {"integer": True, "low": 0}
@@ -102,6 +105,7 @@ _NUMBERS: dict[str, dict[str, Any]] = {
     "telemetry_every": _INT_0,
     "noise_keys": _INT_0,
     "eval_batches": _INT_0,
+    "z_loss": {"low": 0},
     "spike_factor": {"low": 1, "low_open": True},
     "spike_window": _INT_1,
     "target_loss": {**_POSITIVE, "optional": True},
@@ -120,7 +124,8 @@ class Config:
     """Everything a training run depends on except its seeds."""
 
     # task (its own seed fixes the task itself, e.g. the Markov chain; streams do not touch it)
-    task: str = "markov"  # "markov" | "teacher" | "text" | "own" (your model: fp4lab.train.own)
+    # "markov" | "teacher" | "proxy" (Su et al.'s residual MLP on the teacher) | "text" | "own"
+    task: str = "markov"  # (own: your model, fp4lab.train.own)
     task_file: str = ""  # own: the file of model, loss and batch ("python:<hash>": registered)
     task_args: tuple[tuple[str, Any], ...] = ()  # own: your parameters, {name: JSON value}
     task_seed: int = 0  # seeds the Markov chain or the teacher network
@@ -134,7 +139,8 @@ class Config:
     teacher_hidden: tuple[int, ...] = (64,)  # teacher: hidden widths
     outlier_channels: int = 0  # teacher: this many input channels scaled by outlier_scale
     outlier_scale: float = 10.0  # teacher: the outlier factor
-    # model (markov/text: the Llama-style Transformer; teacher: the MLP)
+    # model (markov/text: the Llama-style Transformer; teacher: the MLP; proxy: the
+    # pre-LayerNorm residual MLP, d_model wide, n_layers blocks of hidden width d_ff)
     d_model: int = 64  # residual width
     n_layers: int = 2  # blocks
     n_heads: int = 4  # attention heads
@@ -143,6 +149,9 @@ class Config:
     seq_len: int = 32  # tokens per sequence
     dtype: str = "float32"  # model compute dtype (parameters stay float32)
     scan_layers: bool = False  # markov/text: the blocks under nnx.scan (compile once per block)
+    qk_norm: bool = False  # markov/text: RMSNorm on each head's queries and keys (qk-layernorm)
+    z_loss: float = 0.0  # markov/text: + z_loss * mean(logsumexp(logits)^2) in the training loss
+    activation: str = "gelu"  # proxy: "gelu" or "swiglu" blocks
     # optimization
     steps: int = 200  # optimizer steps
     batch_size: int = 16  # sequences (or examples) per step
@@ -170,6 +179,10 @@ class Config:
     growth_interval: int = 100  # dynamic: finite steps before the scale doubles
     # measurement
     telemetry_every: int = 0  # operand statistics every k steps (0: off)
+    # cheap per-step signals of instability, every step, no shadow (`fp4lab.train.signals`):
+    # update-to-weight ratio, the norm layers' largest scale, and the LM's logit z and
+    # largest attention logit
+    signals: bool = False
     shadow: bool = False  # with telemetry: also the high-precision shadow (grad/, acc/ metrics)
     # with the shadow: 0 (off) or K >= 2 more draws of the quantization keys at each logged step
     # (K more quantized backward passes there), whose spread splits the gradient's noise into
@@ -214,6 +227,7 @@ class Config:
         _choice("backend", self.backend, BACKENDS)
         _choice("telemetry_stats", self.telemetry_stats, STATS_METHODS)
         _choice("target_on", self.target_on, TARGET_ON)
+        _choice("activation", self.activation, ACTIVATIONS)
         for name, rule in _NUMBERS.items():
             schema.check_number("Config", name, getattr(self, name), error=ConfigError, **rule)
         for name in ("hidden", "teacher_hidden"):
@@ -237,7 +251,12 @@ class Config:
                 raise ConfigError(
                     f"Config.task_args[{name!r}]={value!r}; allowed: str, int, float, bool, None"
                 )
-        if self.task not in ("teacher", "own") and self.d_model % self.n_heads:
+        if self.task not in ("markov", "text") and (self.qk_norm or self.z_loss):
+            raise ConfigError(
+                f"Config.qk_norm / z_loss are options of the language model (task 'markov' or "
+                f"'text'), not of task={self.task!r}"
+            )
+        if self.task in ("markov", "text") and self.d_model % self.n_heads:
             raise ConfigError(
                 f"Config.n_heads={self.n_heads}; allowed: a divisor of d_model={self.d_model}"
             )
@@ -308,6 +327,15 @@ class Config:
                 change["gemms"] = _gemms(f"phases[{i}].gemms", change["gemms"])
             if "rules" in change:
                 change["rules"] = _rules(f"phases[{i}].rules", change["rules"])
+            if "lr_scale" in change:
+                lr_scale = change["lr_scale"]
+                if isinstance(lr_scale, int) and not isinstance(lr_scale, bool):
+                    change["lr_scale"] = lr_scale = float(lr_scale)
+                if not isinstance(lr_scale, float) or not 0 < lr_scale < float("inf"):
+                    raise ConfigError(
+                        f"Config.phases[{i}] lr_scale={lr_scale!r}; allowed: a number > 0 (the "
+                        "factor on the learning rate from the phase's start)"
+                    )
             out.append((start, tuple(sorted(change.items()))))
         starts = [self.phase_start(s) for s, _ in out]
         if starts != sorted(set(starts)) or any(not 1 <= s < self.steps for s in starts):
@@ -329,13 +357,22 @@ class Config:
         state["rules"] = self.rules
         out = [(0, dict(state))]
         for start, change in self.phases:
-            change = dict(change)
+            change = {k: v for k, v in change if k != "lr_scale"}
             if set(change) == {"recipe"}:  # a bare recipe: the whole model switches
                 state = {"recipe": change["recipe"], "gemms": (), "backward": "", "rules": ()}
             else:
                 state = state | change
             out.append((self.phase_start(start), dict(state)))
         return out
+
+    def lr_scales(self) -> list[tuple[int, float]]:
+        """[(start step, factor on the learning rate)] from the phases' `lr_scale` (a factor
+        holds until a later phase sets another); [] when no phase sets one."""
+        out, factor = [], 1.0
+        for start, change in self.phases:
+            factor = dict(change).get("lr_scale", factor)
+            out.append((self.phase_start(start), factor))
+        return out if any(dict(c).get("lr_scale") is not None for _, c in self.phases) else []
 
     def replace(self, **changes) -> Config:
         return dataclasses.replace(self, **changes)
@@ -455,7 +492,7 @@ def _gemms(name: str, value) -> tuple:
     out: dict[str, Any] = {}
     from_gemms: dict[str, QuantSpec | None] = {}
     for key, src in given.items():
-        _choice(f"{name} key", key, (*schema.GEMMS, *schema.OPERAND_NAMES))
+        _choice(f"{name} key", key, (*schema.GEMMS, *schema.OPERAND_NAMES, "norms"))
         where = f"{name}[{key!r}]"
         if isinstance(src, dict):
             try:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from fp4lab.train import spikes
 from fp4lab.train.config import Config
 from fp4lab.train.divergence import DIVERGENCE_KINDS
 from fp4lab.train.tasks import Task, make_task
@@ -45,7 +46,9 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
     names the first one's
     forward ("recipe"), so that a comparison across a late switch of precision can say which
     it uses: part of a "recovery" after switching to BF16 is a change of measurement.
-    `learned` is False when the training loss never fell below its first value (the verdict
+    The spike columns (`fp4lab.train.spikes.summary`: spikes, first_spike, max_spike,
+    diverged_at_end) count the loss's excursions above twice its running median, recovered
+    or not. `learned` is False when the training loss never fell below its first value (the verdict
     and `fp4lab show` say "did not learn").
 
     Args:
@@ -65,6 +68,7 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
     return {
         "final_loss": float(final),
         "final_train_loss": float(np.mean(tail)),
+        "initial_loss": float(loss[0]) if len(loss) else math.nan,
         "eval_loss": float(np.asarray(arrays["eval_loss"])) if "eval_loss" in arrays else math.nan,
         "loss_floor": task.floor,
         "loss_gap": final - task.floor,
@@ -80,4 +84,5 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
             toward, target, cfg.target_window, task.tokens_per_step
         ),
         "tokens_per_step": task.tokens_per_step,
+        **spikes.summary(loss),
     }

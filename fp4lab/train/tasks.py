@@ -1,6 +1,8 @@
 """Tasks with a known optimum, and what each seed stream feeds.
 
     markov    the Llama-style Transformer on a synthetic Markov language (floor: its entropy rate)
+    proxy     Su et al.'s instability proxy: a pre-LayerNorm residual MLP regressing a fixed
+              random GELU teacher on Gaussian inputs (floor 0)
     text      the same model on a character-level text file (floor unknown)
     teacher   an MLP regressing a fixed random teacher network (floor 0)
     own       your model, loss and data (`fp4lab.train.own`; floor: the file's FLOOR or unknown)
@@ -22,7 +24,7 @@ import optax
 from flax import nnx
 
 from fp4lab.data import CharDataset, MarkovLM, Teacher
-from fp4lab.models import MLP, Transformer, TransformerConfig
+from fp4lab.models import MLP, ResidualMLP, Transformer, TransformerConfig
 from fp4lab.train import own
 from fp4lab.train.config import Config
 
@@ -52,13 +54,19 @@ def _lm_task(cfg: Config, vocab: int, sample, floor: float, skip: int, name: str
         max_len=cfg.seq_len,
         dtype=cfg.dtype,
         scan_layers=cfg.scan_layers,
+        qk_norm=cfg.qk_norm,
     )
 
     def loss(model, tokens_BxT):
         # predict tokens[skip:] from the full context before them, so the floor is exact
         logits_BxTxV = model(tokens_BxT[:, :-1])[:, skip - 1 :]
         labels_BxS = tokens_BxT[:, skip:]
-        return optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, labels_BxS).mean()
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV, labels_BxS).mean()
+        if not cfg.z_loss:
+            return ce
+        # z-loss (PaLM; Wortsman et al. 2023): keeps log Z of the output logits near 0
+        z_BxS = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+        return ce + cfg.z_loss * jnp.mean(jnp.square(z_BxS))
 
     return Task(
         name=name,
@@ -87,6 +95,8 @@ def make_task(cfg: Config) -> Task:
         text = CharDataset.from_file(cfg.text_path)
         sample = lambda key: text.sample(key, B, T1)  # noqa: E731
         return _lm_task(cfg, text.vocab_size, sample, math.nan, 1, "text")
+    if cfg.task == "proxy":
+        return _proxy_task(cfg)
     teacher = Teacher(
         din=cfg.din,
         dout=cfg.dout,
@@ -106,6 +116,40 @@ def make_task(cfg: Config) -> Task:
         tokens_per_step=B,
         model=lambda rngs: MLP(cfg.din, cfg.hidden, cfg.dout, rngs=rngs),
         batch=lambda key, t: teacher.sample(key, B),
+        loss=loss,
+    )
+
+
+def _proxy_task(cfg: Config) -> Task:
+    """Su et al. 2025's proxy (arXiv 2506.20752): the pre-LayerNorm residual MLP
+    (`fp4lab.models.ResidualMLP`: d_model wide, n_layers blocks, d_ff hidden, `activation`)
+    regressing a fixed random GELU teacher (din -> teacher_hidden -> dout, `task_seed`) on
+    Gaussian inputs; mean squared error, floor 0."""
+    teacher = Teacher(
+        din=cfg.din,
+        dout=cfg.dout,
+        hidden=cfg.teacher_hidden,
+        seed=cfg.task_seed,
+        activation="gelu",
+        outlier_channels=tuple(range(cfg.outlier_channels)),
+        outlier_scale=cfg.outlier_scale,
+    )
+
+    def loss(model, batch):
+        x_BxI, y_BxO = batch
+        return jnp.mean(jnp.square(model(x_BxI) - y_BxO))
+
+    def model(rngs):
+        return ResidualMLP(
+            cfg.din, cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.dout, cfg.activation, rngs=rngs
+        )
+
+    return Task(
+        name="proxy",
+        floor=0.0,
+        tokens_per_step=cfg.batch_size,
+        model=model,
+        batch=lambda key, t: teacher.sample(key, cfg.batch_size),
         loss=loss,
     )
 

@@ -26,7 +26,8 @@ update on a non-finite gradient and doubles it after `growth_interval` finite st
 median of the last `spike_window` losses: `fp4lab.train.divergence`) is recorded, not raised;
 with `stop_on_divergence` the run freezes there and later losses read NaN.
 
-`train(keys)` returns arrays: loss, grad_norm and loss_scale per step (and loss_hp with
+`train(keys)` returns arrays: loss, grad_norm and loss_scale per step (with `Config.signals`
+also update_ratio and norm_max, `fp4lab.train.signals`; and loss_hp with
 `Config.target_on="hp"`: the step's weights on the step's batch, before the update, under a
 high-precision forward: a held-out loss at every step where batches are fresh); eval_loss (held-out,
 under the last phase's recipe, at the end) and eval_hp (the same weights and batches under a
@@ -58,7 +59,7 @@ from fp4lab.core.spec import QuantSpec
 from fp4lab.nnx import noise, telemetry
 from fp4lab.nnx.rules import Rule, check_rules, quantize_model, unmatched_rules, warn_unseamed
 from fp4lab.schema import OPERAND_NAMES, SEED_LIMIT, STREAMS
-from fp4lab.train import divergence, loss_scaling, metric_rows
+from fp4lab.train import divergence, loss_scaling, metric_rows, signals
 from fp4lab.train.config import Config, ConfigError
 from fp4lab.train.tasks import Task, eval_batch, init_model, make_task, train_batch
 
@@ -97,11 +98,26 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
         after = optax.constant_schedule(cfg.lr)
     warm = optax.linear_schedule(0.0, cfg.lr, cfg.warmup) if cfg.warmup else None
     lr = optax.join_schedules([warm, after], [cfg.warmup]) if warm else after
+    scales = cfg.lr_scales()
+    if scales:  # phases that scale the learning rate from their start on
+        lr = _scaled(lr, scales)
     if cfg.optimizer == "adamw":
         opt = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
     else:
         opt = optax.sgd(lr, momentum=cfg.momentum)
     return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), opt) if cfg.clip_norm else opt
+
+
+def _scaled(schedule, scales: list[tuple[int, float]]):
+    """`schedule` times the factor of the last phase start <= the step (1 before the first):
+    before the first start the same value, bit for bit (x * 1.0 is x)."""
+    starts = jnp.asarray([s for s, _ in scales], jnp.int32)
+    factors = jnp.asarray([1.0] + [f for _, f in scales], jnp.float32)
+
+    def lr(count):
+        return schedule(count) * factors[jnp.sum(count >= starts)]
+
+    return lr
 
 
 def _recipe(value, gemms, backward: str) -> recipes.GemmRecipe:
@@ -260,6 +276,9 @@ def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, me
         "grad_norm": jnp.where(frozen, nan, grad_norm),
         "loss_scale": carry.loss_scale.scale,
     }
+    if cfg.signals:
+        out.update(signals.step_signals(model, carry.params, updates))
+        out = {k: jnp.where(frozen, nan, v) if k in signals.SIGNALS else v for k, v in out.items()}
     if hp is not None:
         loss_hp = task.loss(nnx.merge(hp[0], carry.params, hp[1]), batch)
         out["loss_hp"] = jnp.where(frozen, nan, jax.lax.stop_gradient(loss_hp))

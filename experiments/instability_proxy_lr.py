@@ -1,0 +1,104 @@
+"""Final loss against learning rate on Su et al.'s proxy, and Wortsman et al.'s LR sensitivity.
+
+    fp4lab run experiments/instability_proxy.py --workers 2      # lr 0.1, 8 seeds
+    fp4lab run experiments/instability_proxy_lr.py --workers 2   # lr 0.01, 0.03, 0.3, 1.0
+
+Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training
+instabilities", arXiv 2309.14322) measure instability as the final loss over a log-spaced
+range of learning rates, summarised as LR sensitivity (the mean excess over the best, each
+loss capped at the initial loss: `fp4lab.analysis.instability.lr_sensitivity`). Lee et al.
+2024 (arXiv 2405.18710) ask whether reduced precision narrows the stable range. The proxy of
+experiments/instability_proxy.py at four more learning rates, 4 seeds each; `analyze` joins
+the proxy study's lr-0.1 runs and writes rates.csv (spike and divergence shares per cell),
+lr_loss.csv (capped mean final loss per precision and lr, t-intervals), sensitivity.csv and
+figures/lr_loss.png.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+import fp4lab as fl  # noqa: E402
+from fp4lab.analysis import instability  # noqa: E402
+from fp4lab.sweep.store import load  # noqa: E402
+from fp4lab.train.config import Config  # noqa: E402
+
+SEEDS = 4
+LRS = (0.01, 0.03, 0.3, 1.0)
+LN = {"norms": fl.mxfp4()}
+PRECISIONS = {
+    "bf16": dict(recipe="bf16"),
+    "bf16+ln": dict(recipe="bf16", gemms=LN),
+    "fp8": dict(recipe="fp8"),
+    "mxfp4": dict(recipe="mxfp4"),
+    "mxfp4+ln": dict(recipe="mxfp4", gemms=LN),
+    "nvfp4": dict(recipe="nvfp4"),
+}
+AT_0_1 = "results/instability_proxy"  # the same cells at lr 0.1 (their first 4 seeds)
+
+
+def get_config():
+    return Config(
+        task="proxy",
+        din=64,
+        dout=64,
+        teacher_hidden=(128, 128),
+        d_model=64,
+        d_ff=256,
+        n_layers=4,
+        batch_size=128,
+        steps=2000,
+        lr=0.1,
+        clip_norm=0.0,
+        warmup=100,
+        schedule="constant",
+        eval_batches=4,
+        signals=True,
+    )
+
+
+def sweep(add):
+    for lr in LRS:
+        for name, overrides in PRECISIONS.items():
+            add(f"{name} lr {lr}", lr=lr, **overrides)
+
+
+def analyze(results):
+    runs = results.runs.copy()
+    runs["precision"] = runs["cell"].str.rsplit(" lr ", n=1).str[0]
+    at = load(AT_0_1, metrics=False, cells=list(PRECISIONS)).runs
+    at = at[at["seed_init"] < SEEDS].copy()
+    at["precision"] = at["cell"]
+    at["cell"] = at["cell"] + " lr 0.1"
+    both = pd.concat([runs, at], ignore_index=True)
+    table, per_lr = instability.lr_sensitivity(both, by="precision")
+    rates = instability.spike_rates(both, by=("precision", "lr"))
+    _figure(per_lr, results.path / "figures" / "lr_loss.png")
+    return {"rates": rates, "lr_loss": per_lr, "sensitivity": table}
+
+
+def _figure(per_lr, path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, g in per_lr.groupby("precision", sort=False):
+        ax.errorbar(
+            g["lr"],
+            g["loss"],
+            yerr=[g["loss"] - g["lo"], g["hi"] - g["loss"]],
+            marker="o",
+            capsize=3,
+            label=name,
+        )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="learning rate (Adam, no clipping)",
+        ylabel="final loss (capped at the initial loss)",
+        title="proxy: final loss against learning rate",
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,38 @@
+"""Cheap per-step signals of instability (`Config.signals`): computed every step from what the
+step already holds, no shadow and no operand statistics.
+
+    update_ratio   ||update|| / ||parameters||, the global update-to-weight ratio (Wortsman
+                   et al. 2023: an update too large for the weights precedes instabilities)
+    norm_max       the largest |scale| entry of the model's norm layers (nnx.LayerNorm,
+                   nnx.RMSNorm; NaN without one): the affine vector whose quantization
+                   Su et al. 2025 (arXiv 2506.20752) tie to MX training's spikes
+
+With grad_norm and the loss (always recorded) they are the per-step series that
+`fp4lab.analysis.instability.predictive` scores for lead time and AUC before spike events.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from fp4lab.nnx.norms import NORM_TYPES
+
+__all__ = ["SIGNALS", "step_signals"]
+
+SIGNALS = ("update_ratio", "norm_max")
+
+
+def step_signals(model: nnx.Module, params, updates) -> dict[str, jax.Array]:
+    """{signal: float32 scalar} of one step (`SIGNALS`), given the model at the step's weights,
+    its Params and the optimizer's update."""
+    scales = [
+        jnp.max(jnp.abs(m.scale[...]))
+        for _, m in nnx.iter_modules(model)
+        if isinstance(m, NORM_TYPES) and isinstance(getattr(m, "scale", None), nnx.Param)
+    ]
+    norm_max = jnp.max(jnp.stack(scales)) if scales else jnp.float32(jnp.nan)
+    ratio = optax.tree.norm(updates) / optax.tree.norm(params)
+    return {"update_ratio": ratio.astype(jnp.float32), "norm_max": norm_max.astype(jnp.float32)}
