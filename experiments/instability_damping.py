@@ -10,7 +10,8 @@ then half the learning rate should damp as well, and the update-to-weight ratio 
 damp more); (c) the forward's quantization acts on the activations the vectors scale (then
 quantizing Fprop alone should damp, and the backward GEMMs alone should not). The cells:
 BF16 GEMMs + MXFP4 vectors at lr 0.05 and 0.1 (a), and MXFP4 on one GEMM kind at a time with
-the others in BF16 (c); (b) is the proxy's "mxfp4-sr+ln" cell. `analyze` writes rates.csv,
+the others in BF16 (c); (b) is the proxy's "mxfp4-sr+ln" cell, and all three GEMMs in MXFP4
+its "mxfp4+ln" (1 of 8). `analyze` writes rates.csv,
 contrasts.csv and updates.csv (each cell's median update-to-weight ratio over steps 100-800,
 before most first spikes).
 """
@@ -50,7 +51,6 @@ CELLS = {
     "mxfp4 fprop only+ln": dict(recipe="mxfp4", gemms={**LN, "dgrad": BF16, "wgrad": BF16}),
     "mxfp4 dgrad only+ln": dict(recipe="mxfp4", gemms={**LN, "fprop": BF16, "wgrad": BF16}),
     "mxfp4 wgrad only+ln": dict(recipe="mxfp4", gemms={**LN, "fprop": BF16, "dgrad": BF16}),
-    "mxfp4+ln": dict(recipe="mxfp4", gemms=LN),
 }
 CONTRASTS = [(c, "bf16+ln") for c in CELLS if c != "bf16+ln"]
 

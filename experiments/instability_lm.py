@@ -28,7 +28,6 @@ PRECISIONS = {
     "mxfp4": dict(recipe="mxfp4"),
     "nvfp4": dict(recipe="nvfp4"),
     "mxfp4+ln": dict(recipe="mxfp4", gemms={"norms": fl.mxfp4()}),
-    "bf16 qk-norm": dict(recipe="bf16", qk_norm=True),
     "mxfp4 qk-norm": dict(recipe="mxfp4", qk_norm=True),
     "mxfp4 z-loss": dict(recipe="mxfp4", z_loss=1e-4),
 }

@@ -12,8 +12,12 @@ multiplicatively. The cells put the GEMMs (BF16, FP8, MXFP4, NVFP4) and the Laye
 on the spiking cell: Wgrad in BF16, a Hadamard (H16), stochastic rounding. A spike event is the
 loss above twice the median of its last 20 (`fp4lab.train.spikes`); every run also records the
 cheap per-step signals (`Config.signals`). `analyze` writes rates.csv (runs that spike, end in
-a spike or diverge, exact intervals), contrasts.csv (Fisher's exact test against BF16 and
-against the spiking cell) and the figures. Measured: results/instability_proxy/ and the README.
+a spike or diverge, exact intervals), contrasts.csv (Fisher's exact test against BF16, the
+remedies against "mxfp4+ln", the FP4 GEMMs against "bf16+ln") and predict.csv (which per-step
+signal rises before a spike: AUC for "an event within 50 steps" and lead time, over the runs
+that spike; written while the runs' series are in the folder: the committed folder keeps the
+records only, and `fl.sweep.reproduce` recomputes a run's series). Measured:
+results/instability_proxy/ and the README.
 """
 
 import fp4lab as fl
@@ -58,6 +62,7 @@ CELLS = {
 }
 CONTRASTS = [(c, "bf16") for c in CELLS if c != "bf16"]
 CONTRASTS += [(c, "mxfp4+ln") for c in ("mxfp4+ln, wgrad bf16", "mxfp4-h16+ln", "mxfp4-sr+ln")]
+CONTRASTS += [(c, "bf16+ln") for c in ("mxfp4+ln", "nvfp4+ln")]  # FP4 GEMMs damp the spikes?
 
 
 def sweep(add):
@@ -65,8 +70,16 @@ def sweep(add):
         add(label, **overrides)
 
 
+SIGNALS = ("grad_norm", "update_ratio", "norm_max")
+
+
 def analyze(results):
     runs = results.runs
-    rates = instability.spike_rates(runs)
-    contrasts = instability.contrasts(runs, CONTRASTS, outcome="spiked")
-    return {"rates": rates, "contrasts": contrasts}
+    tables = {
+        "rates": instability.spike_rates(runs),
+        "contrasts": instability.contrasts(runs, CONTRASTS, outcome="spiked"),
+    }
+    spiking = runs[runs["spikes"] > 0]
+    if set(spiking["run_id"]) <= set(results.metrics["run_id"]):  # the series are there
+        tables["predict"] = instability.predictive(results.metrics, spiking, SIGNALS)
+    return tables

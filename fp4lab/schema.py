@@ -303,7 +303,8 @@ METRICS_COLUMNS: dict[str, tuple[str, str, str]] = {
     "step": ("int", "the optimizer step (0-based)", _METRICS),
     "metric": (
         "str",
-        "loss, grad_norm, loss_scale, loss_hp (Config.target_on) or a telemetry key (quant/...)",
+        "loss, grad_norm, loss_scale, loss_hp (Config.target_on), update_ratio and norm_max "
+        "(Config.signals) or a telemetry key (quant/...)",
         _METRICS,
     ),
     "value": ("float", "the metric's value at that step", _METRICS),

@@ -11,6 +11,8 @@ components  variance components of the seed streams per cell (variance_component
 verdicts    the verdict table: precision choices against each seed stream's own spread
 explain     why a verdict row is not judged: confounded streams, missing seed combinations,
             cells that did not learn
+instability spike and divergence shares with exact intervals, Fisher contrasts, the quant
+            stream's flips, LR sensitivity, predictive signals, fork outcomes
 tables      per-cell tables: divergence rate, loss gap, paired differences, tokens to target
             (retarget: tokens to target read again from another stored series)
 factors     shares of variance of a main-effects model of the design factors

@@ -30,7 +30,6 @@ its parent's id. `fp4lab.analysis.instability.fork_outcomes` gives the shares av
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -71,6 +70,7 @@ def fork_cells(
     changes: Mapping[str, Mapping[str, Any]],
     before: int = 50,
     cells: Sequence[str] | None = None,
+    first: int | None = None,
 ) -> list[Fork]:
     """The forks of a results folder's runs: for every finished run (of `cells`, default all)
     with a spike event at step E >= before + 1, one fork per change from step E - before.
@@ -80,6 +80,7 @@ def fork_cells(
       changes: {name: phase change} (module docstring); a name may not hold " @ ".
       before: steps between the fork and the event (>= 1).
       cells: the parent's cell labels to fork (default: every cell).
+      first: fork only the first this many such runs (by init, data, quant seed).
     Raises:
       ValueError: a bad argument, an unknown cell, or a parent run whose own phases start at
         or after its fork step.
@@ -99,10 +100,10 @@ def fork_cells(
         runs = runs[runs["cell"].isin(cells)]
     store = Store(parent)
     out = []
-    for row in runs[runs["status"] == "ok"].itertuples():
+    runs = runs[(runs["status"] == "ok") & (runs["first_spike"] >= before + 1)]
+    runs = runs.sort_values(["seed_init", "seed_data", "seed_quant"])
+    for row in runs.head(len(runs) if first is None else first).itertuples():
         event = row.first_spike
-        if not isinstance(event, float | int) or not math.isfinite(event) or event < before + 1:
-            continue
         record = store.read(row.run_id, metrics=False)
         config = dict(record["config"])
         step = int(event) - before
