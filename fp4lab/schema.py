@@ -269,7 +269,8 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
     "divergence_kind": ("str", '"", "nonfinite" or "spike"', _SUMMARY),
     "learned": (
         "bool",
-        'the training loss fell below its first value at some step (False: "did not learn")',
+        'the training loss fell by more than its batch-to-batch noise (False: "did not learn"; '
+        "NaN: under 8 steps, too short to tell)",
         _SUMMARY,
     ),
     "target_loss": ("float", "the tokens-to-target threshold (NaN: none)", _SUMMARY),

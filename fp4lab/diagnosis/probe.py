@@ -21,7 +21,9 @@ The weights, the rest of the model's state (its quantization keys: a quant seed 
 numbers there, `rest_for`), the batch and the variants are arguments of fixed shapes: one trace
 and one compile serve every checkpoint, batch, quant seed and variant (`compiles` counts them).
 `checkpoints` trains the model a short while under the recipe (the trainer's optimizer and
-batches) and keeps the weights at the steps asked for.
+batches) and keeps the weights at the steps asked for; a model that did not learn there (its
+training loss fell by no more than its noise, `fp4lab.train.summary.learned`) stops the
+diagnosis with a sentence that says so.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from fp4lab.core import recipes
 from fp4lab.core.stats import cosine, relative_drift
 from fp4lab.diagnosis import gate
 from fp4lab.nnx.rules import Rule, quantize_model
+from fp4lab.train import summary
 from fp4lab.train.config import Config
 from fp4lab.train.tasks import Task, eval_batch, init_model, train_batch
 from fp4lab.train.trainer import make_keys, make_optimizer
@@ -213,7 +216,7 @@ def checkpoints(task: Task, cfg: Config, recipe, keys: dict, steps, *, exclude=(
         params, rest, opt_state, kept = carry
         m = nnx.merge(graphdef, params, rest)
         batch = train_batch(task, keys, t)
-        grads = nnx.grad(task.loss, argnums=nnx.DiffState(0, nnx.Param))(m, batch)
+        loss, grads = nnx.value_and_grad(task.loss, argnums=nnx.DiffState(0, nnx.Param))(m, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         hit = at == t + 1  # the checkpoints taken after this step
@@ -222,13 +225,26 @@ def checkpoints(task: Task, cfg: Config, recipe, keys: dict, steps, *, exclude=(
             return jnp.where(hit.reshape(-1, *([1] * p.ndim)), p[None], buf)
 
         kept = jax.tree.map(keep, kept, params)
-        return (params, nnx.state(m, nnx.Not(nnx.Param)), opt_state, kept), None
+        return (params, nnx.state(m, nnx.Not(nnx.Param)), opt_state, kept), loss
 
     kept = jax.tree.map(lambda p: jnp.broadcast_to(p, (len(steps), *p.shape)), params)
     carry = (params, rest, tx.init(params), kept)
     if steps[-1] > 0:
-        carry = jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(steps[-1]))[0])(carry)
+        carry, losses = jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(steps[-1])))(carry)
+        _check_learned(np.asarray(losses), recipe)
     return [jax.tree.map(lambda b, i=i: b[i], carry[3]) for i in range(len(steps))]
+
+
+def _check_learned(losses: np.ndarray, recipe) -> None:
+    """Stops the diagnosis of a model whose short run did not learn (`summary.learned`): its
+    GEMMs would be ranked on an untrained model."""
+    if summary.learned(losses) == 0.0:
+        raise ValueError(
+            f"diagnose: the model did not learn in its short run ({len(losses)} steps under "
+            f"{recipe}: training loss {losses[0]:.4g} -> {losses[-1]:.4g}, no fall beyond its "
+            "batch-to-batch noise), so its GEMMs cannot be ranked; a learning rate or more "
+            "steps that train it (--set lr=..., --set steps=...), then diagnose again"
+        )
 
 
 def quant_keys(seeds) -> list:
