@@ -10,6 +10,8 @@ HELP = "a finished study on fresh seeds: its words"
 
 def add_parser(sub, number) -> argparse.ArgumentParser:
     """Adds the `replicate` subcommand to the subparsers `sub` (`number`: the int parser)."""
+    from fp4lab.cli.parser import MAX_WORKERS  # the parser that calls this is loaded
+
     p = sub.add_parser("replicate", help=HELP, description=HELP)
     p.add_argument("results", help="a finished study's results folder")
     p.add_argument(
@@ -26,7 +28,11 @@ def add_parser(sub, number) -> argparse.ArgumentParser:
     )
     p.add_argument("--address", metavar="ADDR", help="ray: the cluster to join")
     p.add_argument(
-        "--workers", type=number(int, 1), default=1, metavar="N", help="local: processes"
+        "--workers",
+        type=number(int, 1, MAX_WORKERS),
+        default=1,
+        metavar="N",
+        help="local: processes",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=replicate)

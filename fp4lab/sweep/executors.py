@@ -193,7 +193,7 @@ def run_processes(
     pool = None
     try:
         while left or alone:
-            queue, width = (alone, 1) if alone else (left, workers)
+            queue, width = (alone, 1) if alone else (left, min(workers, len(left)))
             # a fresh queue per pool: a worker killed while it wrote may leave a queue locked
             events = ctx.Queue() if report else None
             pool = cf.ProcessPoolExecutor(
