@@ -36,7 +36,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from fp4lab.core import recipes
+from fp4lab.core import formats, recipes
 from fp4lab.core.stats import cosine, relative_drift
 from fp4lab.diagnosis import gate
 from fp4lab.nnx.rules import Rule, quantize_model
@@ -194,6 +194,18 @@ def step_of(cfg: Config) -> tuple[str, float, float]:
 def lane(gemm: str) -> str:
     """The per-layer tensor a GEMM gives: Fprop y, Dgrad dx, Wgrad dw."""
     return _LANE[gemm]
+
+
+def high_precision(recipe) -> bool:
+    """Whether a rule's recipe keeps its layers out of FP4: None (unquantized), or a recipe
+    (a name or a `GemmRecipe`) none of whose operand specs has an element format of 4 bits
+    or fewer (bf16, fp8, mxfp8, ...)."""
+    if recipe is None:
+        return True
+    gemm = recipes.get(recipe)
+    fields = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_x", "wgrad_dy")
+    specs = [getattr(gemm, f) for f in fields if getattr(gemm, f, None) is not None]
+    return all(formats.get_format(spec.elem).bits > 4 for spec in specs)
 
 
 def _rules(recipe, exclude) -> list[Rule]:
