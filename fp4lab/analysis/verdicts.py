@@ -162,7 +162,8 @@ def verdict(
     for a, b in pairs:
         d, lay = crossed.paired_layout(cells[a], cells[b], outcome, streams)
         factor = design_factor(cells[a], cells[b]) or by
-        fixed.append(dict(factor=factor, kind="fixed", term=f"{b} - {a}", d=d, lay=lay, a=a, b=b))
+        row = dict(factor=factor, kind="fixed", term=f"{b} - {a}", d=d, lay=lay, a=a, b=b)
+        fixed.append(row | {"shared": _shared(cells[a], cells[b], outcome, streams)})
     for r in fixed:  # a contrast with a cell that did not learn is not judged
         r["stuck"] = "; ".join(
             f"{c} did not learn ({stuck[c]})" for c in (r["b"], r["a"]) if stuck[c]
@@ -315,6 +316,16 @@ def design_factor(a: pd.DataFrame, b: pd.DataFrame) -> str:
     return " + ".join(differ)
 
 
+def _shared(a: pd.DataFrame, b: pd.DataFrame, outcome: str, streams) -> list[tuple]:
+    """The seed triples both cells ran (with a finite outcome), in order."""
+    cols = [f"seed_{s}" for s in streams]
+    seeds = [
+        set(map(tuple, crossed.finite_runs(rows, outcome)[cols].astype(int).to_numpy().tolist()))
+        for rows in (a, b)
+    ]
+    return sorted(seeds[0] & seeds[1])
+
+
 def _judged(lay: crossed.Layout) -> bool:
     """Whether a balanced layout has the levels an interval needs in every factor."""
     return lay.balanced and min(lay.levels, default=1) >= crossed.MIN_LEVELS
@@ -417,6 +428,15 @@ def _fixed_row(r: dict, seed_var: dict, row_level: float, draws: int, seed: int)
     out |= dict(levels=0)
     if r.get("stuck"):
         return out | dict(verdict=STUCK, evidence=r["stuck"])
+    if r["lay"] is None and r.get("shared"):  # the same seed(s), no stream varied in both
+        n = len(r["shared"])
+        seeds = ", ".join("/".join(map(str, t)) for t in r["shared"][:3])
+        said = f"{'one shared seed' if n == 1 else f'{n} shared seeds'} (init/data/quant {seeds})"
+        return out | dict(
+            verdict="too few seeds",
+            evidence=f"{said}, no stream varied in both cells: no interval; "
+            f"need {crossed.MIN_LEVELS} levels of a stream in each",
+        )
     if r["lay"] is None:
         return out | dict(verdict="no shared seeds", evidence="nothing to pair on")
     d, lay = r["d"], r["lay"]

@@ -81,10 +81,16 @@ def pending(
 
 def batches(todo: list[tuple[Cell, list, list[str]]]) -> list[tuple[Cell, list, list[str]]]:
     """The work cut into seed batches of each cell's `seed_batch` (one compiled call each):
-    (cell, seeds, their run ids)."""
+    (cell, seeds, their run ids). Where a call is only as wide as its seeds
+    (`compute.sequential`), a cell's seeds are cut into equal batches, the widest of at most
+    `seed_batch` that divides them (9 seeds at 4: 3 + 3 + 3), so that the cell compiles one
+    program, not a second for a remainder (4 + 4 + 1); a vmapped call is `seed_batch` wide
+    anyway (the last one padded)."""
     out = []
     for cell, seeds, ids in todo:
         width = cell.config.seed_batch
+        if len(seeds) > width and cells_compute.sequential(cell.config):
+            width = max(w for w in range(1, width + 1) if len(seeds) % w == 0)
         for lo in range(0, len(seeds), width):
             out.append((cell, list(seeds[lo : lo + width]), ids[lo : lo + width]))
     return out

@@ -72,3 +72,17 @@ def test_a_cell_that_did_not_learn_gets_no_verdict_words_and_leaves_the_family()
     assert verdicts.words(a, "loss_gap", draws=DRAWS).stuck == []
     old = runs.assign(learned=np.nan)  # records made before the column: nothing is claimed
     assert verdicts.words(old, "loss_gap", draws=DRAWS).stuck == []
+
+
+def test_two_one_seed_cells_on_the_same_seed_are_told_one_shared_seed():
+    a = _same_seeds("a", 1, 0)
+    b = _same_seeds("b", 1, 1, offset=1.0)
+    row = analysis.verdict(pd.concat([a, b]), baseline="a", draws=DRAWS).iloc[0]
+    assert row["verdict"] == "too few seeds"
+    assert row["evidence"] == (
+        "one shared seed (init/data/quant 0/0/0), no stream varied in both cells: no interval; "
+        "need 3 levels of a stream in each"
+    )
+    apart = _same_seeds("b", 1, 1).assign(seed_init=5, seed_data=5, seed_quant=5)
+    row = analysis.verdict(pd.concat([a, apart]), baseline="a", draws=DRAWS).iloc[0]
+    assert (row["verdict"], row["evidence"]) == ("no shared seeds", "nothing to pair on")
