@@ -281,6 +281,12 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
     ),
     "tokens_per_step": ("int", "tokens (or examples) per step", _SUMMARY),
     "compile_s": ("float", "the cell's compile seconds (0: cached)", _SUMMARY),
+    "no_seam": (
+        "str",
+        "the model's modules that multiply their own parameters without a seam (a custom "
+        'jnp.dot or @) and stay in high precision, comma-separated ("": none)',
+        _SUMMARY,
+    ),
     "wall_s": ("float", "seconds of the run (its share of its call)", _LOAD),
 }
 RUNS_CONFIG = ("a Config field", "the run's config", _LOAD)
