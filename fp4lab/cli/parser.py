@@ -69,9 +69,6 @@ def number(kind: type, low: int, high: int | None = None):
     return parse
 
 
-MAX_WORKERS = 1024  # processes of --workers: each loads jax; more than this is no machine's
-
-
 class Formatter(argparse.RawDescriptionHelpFormatter):
     """argparse measures the commands' names without their indent, so a name of 9 letters
     (`replicate`) would push its help to the next line: the indent is counted here."""
@@ -185,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_parser.add_argument(
         "--workers",
-        type=number(int, 1, MAX_WORKERS),
+        type=number(int, 1, replicate.MAX_WORKERS),
         default=1,
         metavar="N",
         help="local: processes computing cells (default 1)",

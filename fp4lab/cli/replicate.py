@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 
 HELP = "a finished study on fresh seeds: its words"
+MAX_WORKERS = 1024  # processes of --workers (run's too): each loads jax; more is no machine's
 
 
 def add_parser(sub, number) -> argparse.ArgumentParser:
     """Adds the `replicate` subcommand to the subparsers `sub` (`number`: the int parser)."""
-    from fp4lab.cli.parser import MAX_WORKERS  # the parser that calls this is loaded
-
     p = sub.add_parser("replicate", help=HELP, description=HELP)
     p.add_argument("results", help="a finished study's results folder")
     p.add_argument(
