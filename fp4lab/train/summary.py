@@ -82,8 +82,8 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
     names the first one's
     forward ("recipe"), so that a comparison across a late switch of precision can say which
     it uses: part of a "recovery" after switching to BF16 is a change of measurement.
-    `learned` (`learned`) is False when the training loss did not fall by more than its
-    batch-to-batch noise (the verdict, `fp4lab show`, the report and the run's summary then
+    `learned` is False when the training loss did not fall by more than its batch-to-batch
+    noise (`learned` above; the verdict, `fp4lab show`, the report and the run's summary then
     say "did not learn" and give the cell no verdict words), NaN for a run too short to tell.
 
     Args:

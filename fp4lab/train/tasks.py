@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -130,6 +131,7 @@ def _own_task(cfg: Config) -> Task:
     )
 
 
+@functools.cache  # one wrapper per loss: what is traced once per loss stays so
 def _scalar(loss: Callable) -> Callable:
     """The task's loss, checked where it is traced: a loss of any other shape than a scalar
     is an OwnTaskError that names `loss` and the fix (jax's own error names neither)."""
