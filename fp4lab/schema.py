@@ -285,7 +285,7 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
         "str",
         "the model's modules that multiply their own parameters without a seam (a custom "
         'jnp.dot or @) and stay in high precision, comma-separated ("": none)',
-        _SUMMARY,
+        "fp4lab.sweep.compute.compute_cell, in fp4lab.load(folder).runs",
     ),
     "wall_s": ("float", "seconds of the run (its share of its call)", _LOAD),
 }
