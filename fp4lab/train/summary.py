@@ -11,7 +11,7 @@ from fp4lab.train.config import Config
 from fp4lab.train.divergence import DIVERGENCE_KINDS
 from fp4lab.train.tasks import Task, make_task
 
-__all__ = ["target_of", "tokens_to_target", "learned", "summarize"]
+__all__ = ["target_of", "tokens_to_target", "batch_noise", "learned", "summarize"]
 
 MIN_LEARN_STEPS = 8  # fewer finite steps: too short to tell learning from the noise
 
@@ -35,6 +35,13 @@ def tokens_to_target(loss: np.ndarray, target: float, window: int, tokens_per_st
     smooth = np.convolve(loss, np.ones(window) / window, mode="valid")  # smooth[i]: steps i..i+w-1
     hit = np.flatnonzero(smooth <= target)
     return math.nan if not len(hit) else float((hit[0] + window) * tokens_per_step)
+
+
+def batch_noise(loss) -> float:
+    """The SD of one batch's loss about its trend: 1.4826 * MAD(diff(loss)) / sqrt(2), from
+    step-to-step differences (robust to a fast first drop)."""
+    d = np.diff(np.asarray(loss, np.float64))
+    return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2))
 
 
 def learned(loss) -> float:
@@ -61,8 +68,7 @@ def learned(loss) -> float:
     if len(y) < MIN_LEARN_STEPS:
         return 0.0
     w = max(len(y) // 4, 2)
-    d = np.diff(y)
-    noise = 1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2)
+    noise = batch_noise(y)
     drop = np.mean(y[:w]) - np.mean(y[-w:])
     floor = 1e-4 * abs(np.mean(y[:w]))  # a loss constant but for float rounding: not learned
     return float(drop > max(noise * max(1.0, 4.0 * math.sqrt(2.0 / w)), floor))
