@@ -283,7 +283,8 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
     "spike_events": ("str", 'every spike event, "step:size:length" joined by ";"', _SUMMARY),
     "learned": (
         "bool",
-        'the training loss fell below its first value at some step (False: "did not learn")',
+        'the training loss fell by more than its batch-to-batch noise (False: "did not learn"; '
+        "NaN: under 8 steps, too short to tell)",
         _SUMMARY,
     ),
     "target_loss": ("float", "the tokens-to-target threshold (NaN: none)", _SUMMARY),
@@ -294,6 +295,12 @@ RUNS_COLUMNS: dict[str, tuple[str, str, str]] = {
     ),
     "tokens_per_step": ("int", "tokens (or examples) per step", _SUMMARY),
     "compile_s": ("float", "the cell's compile seconds (0: cached)", _SUMMARY),
+    "no_seam": (
+        "str",
+        "the model's modules that multiply their own parameters without a seam (a custom "
+        'jnp.dot or @) and stay in high precision, comma-separated ("": none)',
+        "fp4lab.sweep.compute.compute_cell, in fp4lab.load(folder).runs",
+    ),
     "wall_s": ("float", "seconds of the run (its share of its call)", _LOAD),
 }
 RUNS_CONFIG = ("a Config field", "the run's config", _LOAD)

@@ -164,11 +164,14 @@ def test_help_of_run_explains_executor_and_set(capsys):
     assert "--set FIELD=VALUE set a config field in every cell" in text
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
-def test_workers_must_be_a_positive_integer(tmp_path, capsys, value):
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", "1025", "2147483647"])
+@pytest.mark.parametrize("command", ["run", "replicate"])
+def test_workers_must_be_a_positive_integer_up_to_1024(tmp_path, capsys, value, command):
     path = experiment(tmp_path)
-    line = argparse_error(capsys, ["run", str(path), "--workers", value])
-    assert line == f"fp4lab run: error: argument --workers: must be an integer >= 1, got '{value}'"
+    argv = [str(path)] if command == "run" else [str(tmp_path), "--seeds-from", "4"]
+    line = argparse_error(capsys, [command, *argv, "--workers", value])
+    what = "an integer >= 1 and <= 1024"
+    assert line == f"fp4lab {command}: error: argument --workers: must be {what}, got '{value}'"
     assert not (tmp_path / "results").exists()
 
 

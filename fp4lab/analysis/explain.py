@@ -1,6 +1,7 @@
 """Why the verdict does not judge, or judges with a caveat: in words a reader can act on.
 
-    not_learned            a cell whose runs' training loss never fell below its first value
+    not_learned            a cell some of whose runs' training loss did not fall by more than
+                           its batch-to-batch noise (`learned` False)
     confounded             streams whose seeds moved together (a factor "init=data=quant"):
                            which of them acts cannot be said; the design that separates them
     missing_combinations   an unbalanced cell: the seed combinations missing or run twice
@@ -23,8 +24,9 @@ __all__ = ["confounded", "missing_combinations", "not_learned"]
 
 
 def not_learned(rows: pd.DataFrame) -> str:
-    """ "2 of 3 runs: the training loss never fell below its first value", or "" when every
-    ok run learned (or the runs table has no `learned` column)."""
+    """ "2 of 3 runs: the training loss did not fall by more than its batch-to-batch noise", or
+    "" when every ok run learned or was too short to tell (or the runs table has no `learned`
+    column)."""
     if "learned" not in rows.columns:
         return ""
     ok = rows[rows["status"] == "ok"]
@@ -32,7 +34,8 @@ def not_learned(rows: pd.DataFrame) -> str:
     if not flags.any():
         return ""
     return (
-        f"{int(flags.sum())} of {len(ok)} runs: the training loss never fell below its first value"
+        f"{int(flags.sum())} of {len(ok)} runs: the training loss did not fall by more than its "
+        "batch-to-batch noise"
     )
 
 

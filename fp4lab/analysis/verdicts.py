@@ -71,6 +71,7 @@ COLUMNS = ["factor", "kind", "term", "verdict", "effect", "lo", "hi", "lo_mcse",
 COLUMNS += ["redraw_sd", "redraw_lo", "redraw_hi", "redraw_mcse", "share", "share_lo", "share_hi"]
 COLUMNS += ["share_mcse", "levels", "in_seed_sd", "evidence"]
 DRAWS = 1_000_000  # generalized draws per cell: ~500 beyond each end at 1 - 0.05/50
+STUCK = "did not learn"  # the word of a row of a cell whose runs did not learn: never judged
 MORE_DRAWS = 4  # a row within its Monte Carlo error of deciding is drawn again with 4x the draws
 
 
@@ -117,8 +118,10 @@ def verdict(
     seeds" (a contrast with nothing to pair on). A factor named "init=data=quant" (or any
     "a=b") is streams whose seeds moved together in every run: confounded, which of them acts
     cannot be said; its evidence says so and names the design that separates them
-    (`fp4lab.sweep.design.crossed`). A contrast with a cell whose runs did not learn (their
-    training loss never fell below its first value, `learned` False) says so first.
+    (`fp4lab.sweep.design.crossed`). "did not learn": a contrast with a cell some of whose runs
+    did not learn (`learned` False: their training loss did not fall by more than its noise,
+    `fp4lab.train.summary.learned`), and every stream row of such a cell; none of them is in
+    the Bonferroni family.
     For "no evidence" the evidence says how large an effect the seeds could have missed: the
     largest |end| of the interval.
 
@@ -139,6 +142,7 @@ def verdict(
     """
     require(runs, (by, "status", outcome, *(f"seed_{s}" for s in streams)), "verdict")
     cells = {c: g for c, g in runs.groupby(by, sort=False)}
+    stuck = {cell: explain.not_learned(rows) for cell, rows in cells.items()}
     if baseline is not None and baseline not in cells:
         raise ValueError(f"verdict: baseline={baseline!r} is no {by}; have {list(cells)}")
     fixed, layouts, seed_var = [], {}, {}
@@ -158,22 +162,28 @@ def verdict(
     for a, b in pairs:
         d, lay = crossed.paired_layout(cells[a], cells[b], outcome, streams)
         factor = design_factor(cells[a], cells[b]) or by
-        fixed.append(dict(factor=factor, kind="fixed", term=f"{b} - {a}", d=d, lay=lay, a=a, b=b))
+        row = dict(factor=factor, kind="fixed", term=f"{b} - {a}", d=d, lay=lay, a=a, b=b)
+        fixed.append(row | {"shared": _shared(cells[a], cells[b], outcome, streams)})
+    for r in fixed:  # a contrast with a cell that did not learn is not judged
+        r["stuck"] = "; ".join(
+            f"{c} did not learn ({stuck[c]})" for c in (r["b"], r["a"]) if stuck[c]
+        )
     # the family: every judged contrast and every factor of a cell whose streams get intervals
     m = sum(
-        r["lay"] is not None and min(r["lay"].levels, default=1) >= crossed.MIN_LEVELS
+        r["lay"] is not None
+        and not r["stuck"]
+        and min(r["lay"].levels, default=1) >= crossed.MIN_LEVELS
         for r in fixed
     )
-    m += sum(len(lay.factors) for _, lay in layouts.values() if _judged(lay))
+    m += sum(len(lay.factors) for c, (_, lay) in layouts.items() if _judged(lay) and not stuck[c])
     row_level = 1 - (1 - level) / max(m, 1)
-    stuck = {cell: explain.not_learned(rows) for cell, rows in cells.items()}
     rows = [_fixed_row(r, seed_var, row_level, draws, seed) for r in fixed]
-    for pair, r in zip(fixed, rows, strict=True):
-        if note := "; ".join(
-            f"{c} did not learn ({stuck[c]})" for c in (pair["b"], pair["a"]) if stuck[c]
-        ):
-            r["evidence"] = f"{note}; {r['evidence']}"
     for i, (cell, (y, lay)) in enumerate(layouts.items()):  # one cell's draws in memory at once
+        if stuck[cell]:
+            pending = _stream_rows(cell, y, lay, None, streams, kept[cell])
+            why = f"{cell} did not learn ({stuck[cell]})"
+            rows += [_random_row(r | dict(reason=STUCK, why=why, draws=None), 0) for r in pending]
+            continue
         n = draws
         while True:
             gci = crossed.gci_draws(y, lay, draws=n, seed=seed + i) if _judged(lay) else None
@@ -264,23 +274,25 @@ def words(runs: pd.DataFrame, outcome: str = "loss_gap", *, by: str = "cell", **
     for row in fixed.itertuples():
         cell = row.term.split(" - ")[0]
         ci = f"{row.effect:+.3g} [{row.lo:+.3g}, {row.hi:+.3g}]"
+        if row.verdict == STUCK:
+            lines.append(f"{cell}: not judged: {row.evidence}")
+            continue
         if row.verdict in ("higher", "lower"):
             text = f"{row.verdict} than {base} by {ci}, {row.in_seed_sd:.2g} seed SDs"
         elif row.verdict == "no evidence":
             text = f"no evidence of a difference: {ci}"
         else:
             text = f"{row.verdict}: {row.evidence}"
-        flags = ["did not learn"] if stuck.get(cell) else []
-        flags += [f"{base} did not learn"] if stuck.get(base) else []
-        lines.append(f"{cell}: {'; '.join([*flags, text])}")
+        lines.append(f"{cell}: {text}")
     return Words(header, lines, stream_words(table), stuck_lines)
 
 
 def stream_words(table: pd.DataFrame) -> list[str]:
     """One sentence per random row of a verdict table: the stream's word with its own SD and
-    re-draw SD, or the reason it is not judged; a confounded factor says so."""
+    re-draw SD, or the reason it is not judged; a confounded factor says so. The rows of a
+    cell that did not learn are left out (`Words.stuck` says it, once a cell)."""
     out = []
-    for row in table[table["kind"] == "random"].itertuples():
+    for row in table[(table["kind"] == "random") & (table["verdict"] != STUCK)].itertuples():
         head = f"{row.factor} in {row.term}: {row.verdict}"
         if row.verdict in ("matters", "no evidence", "undecided") and np.isfinite(row.lo):
             text = f"{head} (own SD {_ci(row.effect, row.lo, row.hi)}, re-draw SD "
@@ -302,6 +314,16 @@ def design_factor(a: pd.DataFrame, b: pd.DataFrame) -> str:
 
     differ = [name for col, name in DESIGN.items() if col in a and value(a, col) != value(b, col)]
     return " + ".join(differ)
+
+
+def _shared(a: pd.DataFrame, b: pd.DataFrame, outcome: str, streams) -> list[tuple]:
+    """The seed triples both cells ran (with a finite outcome), in order."""
+    cols = [f"seed_{s}" for s in streams]
+    seeds = [
+        set(map(tuple, crossed.finite_runs(rows, outcome)[cols].astype(int).to_numpy().tolist()))
+        for rows in (a, b)
+    ]
+    return sorted(seeds[0] & seeds[1])
 
 
 def _judged(lay: crossed.Layout) -> bool:
@@ -404,6 +426,17 @@ def _random_row(r: dict, row_level: float, last: bool = True) -> dict:
 def _fixed_row(r: dict, seed_var: dict, row_level: float, draws: int, seed: int) -> dict:
     out = {c: NAN for c in COLUMNS} | dict(factor=r["factor"], kind="fixed", term=r["term"])
     out |= dict(levels=0)
+    if r.get("stuck"):
+        return out | dict(verdict=STUCK, evidence=r["stuck"])
+    if r["lay"] is None and r.get("shared"):  # the same seed(s), no stream varied in both
+        n = len(r["shared"])
+        seeds = ", ".join("/".join(map(str, t)) for t in r["shared"][:3])
+        said = f"{'one shared seed' if n == 1 else f'{n} shared seeds'} (init/data/quant {seeds})"
+        return out | dict(
+            verdict="too few seeds",
+            evidence=f"{said}, no stream varied in both cells: no interval; "
+            f"need {crossed.MIN_LEVELS} levels of a stream in each",
+        )
     if r["lay"] is None:
         return out | dict(verdict="no shared seeds", evidence="nothing to pair on")
     d, lay = r["d"], r["lay"]

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:  # bare `fp4lab`: the help with examples
         parser.print_help()
         return 0
-    previous = terminate_as_interrupt() if args.command == "run" else None
+    previous = terminate_as_interrupt() if args.command in LONG else None
     formatwarning = warnings.formatwarning
     warnings.formatwarning = one_line_warning
     try:
@@ -71,14 +71,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fp4lab {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        resume = "; finished runs are stored, run again to resume"
         print(
-            f"\nfp4lab {args.command}: interrupted; finished runs are stored, run again to resume",
+            f"\nfp4lab {args.command}: interrupted{resume * (args.command != 'diagnose')}",
             file=sys.stderr,
         )
         return 130
     finally:
         warnings.formatwarning = formatwarning
         restore_termination(previous)
+
+
+# The commands that run for long: SIGTERM stops them as Ctrl-C does (`terminate_as_interrupt`)
+LONG = ("run", "replicate", "diagnose")
 
 
 def console() -> None:
@@ -122,7 +127,8 @@ def one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 def terminate_as_interrupt():
     """SIGTERM (a scheduler's timeout, `kill`) raises KeyboardInterrupt in the main thread, so
-    `fp4lab run` stops its workers and exits as on Ctrl-C. Returns what to pass to
+    `fp4lab run`, `replicate` and `diagnose` (`LONG`) stop their workers and exit as on Ctrl-C,
+    with one line. Returns what to pass to
     `restore_termination` (None off the main thread, where nothing is installed).
 
     A KeyboardInterrupt raised where Python ignores exceptions (a garbage-collection callback,

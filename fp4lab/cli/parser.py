@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 import fp4lab
 from fp4lab.cli import replicate, results, run
@@ -50,16 +51,17 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def number(kind: type, low: int):
-    """An argparse type: a `kind` (int or float) >= `low`, else a clear error."""
+def number(kind: type, low: int, high: int | None = None):
+    """An argparse type: a `kind` (int or float) >= `low` (and <= `high`), else a clear error."""
     what = f"{'an integer' if kind is int else 'a number'} >= {low}"
+    what += f" and <= {high}" if high is not None else ""
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not value >= low:  # `not >=`: NaN is rejected too
+        if value is None or not low <= value <= (math.inf if high is None else high):  # NaN too
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
         return value
 
@@ -180,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_parser.add_argument(
         "--workers",
-        type=number(int, 1),
+        type=number(int, 1, replicate.MAX_WORKERS),
         default=1,
         metavar="N",
         help="local: processes computing cells (default 1)",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "a finished study on fresh seeds: its words"
+MAX_WORKERS = 1024  # processes of --workers (run's too): each loads jax; more is no machine's
 
 
 def add_parser(sub, number) -> argparse.ArgumentParser:
@@ -26,7 +27,11 @@ def add_parser(sub, number) -> argparse.ArgumentParser:
     )
     p.add_argument("--address", metavar="ADDR", help="ray: the cluster to join")
     p.add_argument(
-        "--workers", type=number(int, 1), default=1, metavar="N", help="local: processes"
+        "--workers",
+        type=number(int, 1, MAX_WORKERS),
+        default=1,
+        metavar="N",
+        help="local: processes",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=replicate)

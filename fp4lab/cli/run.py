@@ -194,6 +194,14 @@ def analyze(exp, results, out: Path) -> bool:
     return False
 
 
+def no_seam(runs) -> dict[str, str]:
+    """{cell: the modules its runs recorded as left without a seam} (`no_seam`), where any."""
+    if "no_seam" not in runs.columns:  # records made before the column
+        return {}
+    named = runs[runs["no_seam"].map(lambda v: isinstance(v, str) and v != "")]
+    return dict(named.groupby("cell", sort=False)["no_seam"].first())
+
+
 def print_summary(results, name: str) -> None:
     import pandas as pd
 
@@ -209,6 +217,8 @@ def print_summary(results, name: str) -> None:
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(f"\n{name}: per cell, intervals over seeds (95 %)")
         print(report.cell_table(results.runs).to_string(index=False))
+    for cell, names in no_seam(results.runs).items():
+        print(f"{cell}: not quantized, no seam (a custom jnp.dot or @, in high precision): {names}")
     said = verdicts.words(results.runs, report.summary_outcome(results.runs))
     if said.stuck:
         print("\n" + "\n".join(said.stuck))

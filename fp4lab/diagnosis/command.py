@@ -7,6 +7,7 @@ when the command runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -120,10 +121,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _check_before_stage_1(args, out: Path) -> None:
+    """What would fail only after stage 1 (minutes of it), refused before it starts."""
+    if args.verify and args.verify_seeds < 4:
+        raise ValueError(
+            f"--verify-seeds {args.verify_seeds}: verify needs at least 4 seeds for paired "
+            "intervals"
+        )
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder for the outputs")
+    there = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {there} cannot be written; give a folder you can write")
+
+
 def main(args) -> int:
     """Runs the diagnosis of `args` and prints the ranking, the rules and the summary."""
     out = Path(args.out or Path("results") / f"{Path(args.experiment).stem}-diagnose")
     try:
+        _check_before_stage_1(args, out)
         names = ("recipe", "hp", "budget", "target", "checkpoints", "batches", "quant_seeds")
         names += ("time_budget", "verify", "verify_steps", "verify_seeds", "random_draws")
         options = {name: getattr(args, name) for name in names}

@@ -21,11 +21,14 @@ The weights, the rest of the model's state (its quantization keys: a quant seed 
 numbers there, `rest_for`), the batch and the variants are arguments of fixed shapes: one trace
 and one compile serve every checkpoint, batch, quant seed and variant (`compiles` counts them).
 `checkpoints` trains the model a short while under the recipe (the trainer's optimizer and
-batches) and keeps the weights at the steps asked for.
+batches) and keeps the weights at the steps asked for; a model that did not learn there (its
+training batches' loss under a high-precision forward did not fall from its untrained value by
+more than the batch-to-batch noise) stops the diagnosis with a sentence that says so.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import jax
@@ -34,10 +37,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from fp4lab.core import recipes
+from fp4lab.core import formats, recipes
 from fp4lab.core.stats import cosine, relative_drift
 from fp4lab.diagnosis import gate
 from fp4lab.nnx.rules import Rule, quantize_model
+from fp4lab.train import summary
 from fp4lab.train.config import Config
 from fp4lab.train.tasks import Task, eval_batch, init_model, train_batch
 from fp4lab.train.trainer import make_keys, make_optimizer
@@ -193,6 +197,18 @@ def lane(gemm: str) -> str:
     return _LANE[gemm]
 
 
+def high_precision(recipe) -> bool:
+    """Whether a rule's recipe keeps its layers out of FP4: None (unquantized), or a recipe
+    (a name or a `GemmRecipe`) none of whose operand specs has an element format of 4 bits
+    or fewer (bf16, fp8, mxfp8, ...)."""
+    if recipe is None:
+        return True
+    gemm = recipes.get(recipe)
+    fields = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_x", "wgrad_dy")
+    specs = [getattr(gemm, f) for f in fields if getattr(gemm, f, None) is not None]
+    return all(formats.get_format(spec.elem).bits > 4 for spec in specs)
+
+
 def _rules(recipe, exclude) -> list[Rule]:
     """Each pattern of `exclude` unquantized, then every other layer under `recipe`."""
     return [*(Rule(path, None) for path in exclude), Rule(".*", recipe)]
@@ -203,6 +219,7 @@ def checkpoints(task: Task, cfg: Config, recipe, keys: dict, steps, *, exclude=(
     run under `recipe` (the layers of `exclude` unquantized) on the task's training batches,
     with the config's optimizer: one scanned program that keeps the weights at those steps."""
     steps = sorted(set(int(s) for s in steps))
+    graph_hp, _, rest_hp = nnx.split(init_model(task, keys), nnx.Param, ...)  # the plain model
     model = init_model(task, keys)
     quantize_model(model, _rules(recipe, exclude), key=jax.random.fold_in(keys["quant"], 0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -214,6 +231,7 @@ def checkpoints(task: Task, cfg: Config, recipe, keys: dict, steps, *, exclude=(
         m = nnx.merge(graphdef, params, rest)
         batch = train_batch(task, keys, t)
         grads = nnx.grad(task.loss, argnums=nnx.DiffState(0, nnx.Param))(m, batch)
+        loss_hp = task.loss(nnx.merge(graph_hp, params, rest_hp), batch)  # before the update
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         hit = at == t + 1  # the checkpoints taken after this step
@@ -222,13 +240,41 @@ def checkpoints(task: Task, cfg: Config, recipe, keys: dict, steps, *, exclude=(
             return jnp.where(hit.reshape(-1, *([1] * p.ndim)), p[None], buf)
 
         kept = jax.tree.map(keep, kept, params)
-        return (params, nnx.state(m, nnx.Not(nnx.Param)), opt_state, kept), None
+        return (params, nnx.state(m, nnx.Not(nnx.Param)), opt_state, kept), loss_hp
 
     kept = jax.tree.map(lambda p: jnp.broadcast_to(p, (len(steps), *p.shape)), params)
     carry = (params, rest, tx.init(params), kept)
     if steps[-1] > 0:
-        carry = jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(steps[-1]))[0])(carry)
+        carry, losses = jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(steps[-1])))(carry)
+        _check_learned(np.asarray(losses), recipe)
     return [jax.tree.map(lambda b, i=i: b[i], carry[3]) for i in range(len(steps))]
+
+
+def _check_learned(losses: np.ndarray, recipe) -> None:
+    """Stops the diagnosis of a model that did not move from its untrained loss in its short
+    run: its GEMMs would be ranked on an untrained model (a model at chance, a learning rate
+    that moves nothing). Read on the training batches' loss under a high-precision forward,
+    which the recipe's own quantization noise does not move, against the untrained model's:
+    moved when mean(last quarter) is below the first step's loss by more than
+    1.5 s sqrt(1 + 1 / w), 1.5 standard errors of the difference (s: `summary.batch_noise`,
+    w: the quarter's steps). Lenient on purpose: a model that FP4 slows (what diagnose is
+    for) still moved, while a model that moves nothing passes by chance about 7 % of the
+    time; runs under 8 steps are not judged."""
+    y = np.asarray(losses, np.float64)
+    if len(y) < summary.MIN_LEARN_STEPS:
+        return
+    w = max(len(y) // 4, 2)
+    s = summary.batch_noise(y[np.isfinite(y)]) if np.isfinite(y).sum() > 2 else 0.0
+    late = float(np.mean(y[-w:]))
+    if np.isfinite(late) and y[0] - late > max(1.5 * s * math.sqrt(1 + 1 / w), 1e-4 * abs(y[0])):
+        return
+    raise ValueError(
+        f"diagnose: the model did not learn in its short run ({len(y)} steps under {recipe}: "
+        f"training loss under a high-precision forward {y[0]:.4g} at the start, {late:.4g} "
+        "over the last quarter, no fall beyond its batch-to-batch noise), so its GEMMs cannot "
+        "be ranked; a learning rate or more steps that train it (--set lr=..., --set "
+        "steps=...), then diagnose again"
+    )
 
 
 def quant_keys(seeds) -> list:

@@ -164,10 +164,10 @@ def _recipes(recipe, hp) -> None:
 
 def _excluded(cfg: Config, exclude) -> tuple[str, ...]:
     """The path patterns diagnose leaves in high precision: `exclude`, then those of the
-    config's rules that keep a layer in high precision (recipe None)."""
+    config's rules that keep a layer out of FP4 (`probe.high_precision`: None, bf16, fp8...)."""
     if isinstance(exclude, str):
         exclude = (exclude,)
-    own_rules = tuple(path for path, recipe in cfg.rules if recipe is None)
+    own_rules = tuple(path for path, recipe in cfg.rules if probe.high_precision(recipe))
     return tuple(dict.fromkeys((*exclude, *own_rules)))
 
 
@@ -208,7 +208,7 @@ def diagnose(
         recipes it registers can be named).
       config: the Config (or overrides of the experiment's base): model sizes, batch size,
         optimizer; its recipe, gemms and phases are replaced by the diagnosis' own, and of its
-        rules those that keep a layer in high precision (recipe None) are kept (`exclude`).
+        rules those that keep a layer out of FP4 (None, bf16, fp8, ...) are kept (`exclude`).
       recipe: the FP4 recipe diagnosed. hp: the high-precision recipe kept GEMMs get.
       checkpoints: optimizer steps of the short run (under `recipe`) whose weights are
         measured (clipped to config.steps). batches: held-out batches per checkpoint.

@@ -124,7 +124,8 @@ def _seams(model):
 
 def unseamed(model: nnx.Module, call=None, *args) -> list[str]:
     """Dotted paths of the modules that hold a parameter of 2 or more dimensions of their own
-    (not in a submodule) but no seam `quantize_model` can take: a layer that multiplies with
+    (not in a submodule) but no seam `quantize_model` can take (the model itself: the
+    parameters' attribute names): a layer that multiplies with
     `jnp.dot` or `x @ w` on its own Param runs in high precision whatever the rules say.
     Flax's Embed and norm layers are left out (no GEMM reads their parameters; a tied
     `Embed.attend` head is such a GEMM and is not seen).
@@ -139,8 +140,10 @@ def unseamed(model: nnx.Module, call=None, *args) -> list[str]:
             continue
         own = [k for k, v in vars(module).items() if isinstance(v, nnx.Param)]
         own = [k for k in own if getattr(getattr(module, k).get_value(), "ndim", 0) >= 2]
-        if own:
+        if own and path:
             out[_dotted(path)] = [_dotted((*path, k)) for k in own]
+        elif own:  # the model itself: each parameter by its attribute (not the empty path)
+            out |= {k: [k] for k in own}
     if call is not None and out:
         read = gemm_trace.gemm_params(model, call, *args)
         out = {m: ps for m, ps in out.items() if read.intersection(ps)}

@@ -103,7 +103,33 @@ def parts(folder: Path) -> list[tuple[str, str, int]]:
             except OSError:
                 stats.append("-")
         out.append((f"{FOLDER}/{p.name}", ";".join(stats), _number(p)))
+    for m in sorted((Path(folder) / FOLDER).glob("metrics-[0-9]*.parquet")):
+        if not m.with_name(m.name.replace("metrics-", "records-")).exists():
+            _orphan(m)
     return out
+
+
+def _orphan(metrics_part: Path) -> None:
+    """Warns (once per process) of a metrics part whose records part is gone while its runs'
+    files are gone too (compaction writes the metrics part first and removes the run files
+    last, so a compaction under way or killed leaves them): those runs are lost to every
+    reader (`ls` counts them missing)."""
+    try:
+        held = pq.read_table(metrics_part, columns=["run_id"])["run_id"].unique().to_pylist()
+    except Exception:  # a damaged file too: nothing to tell which runs it held
+        held = None
+    runs = metrics_part.parent.parent / "runs"
+    if held is not None:
+        held = [rid for rid in held if not (runs / f"{rid}.json").exists()]
+        if not held:
+            return
+    name = metrics_part.name.replace("metrics-", "records-")
+    lost = f"the {len(held)} runs it held are lost" if held else "the runs it held are lost"
+    warn_bad(
+        metrics_part,
+        f"its records part {name} is missing: {lost} (restore the file, or run the experiment "
+        "again to compute them)",
+    )
 
 
 def _metrics_path(records_path: Path) -> Path:

@@ -88,6 +88,7 @@ def use_compile_cache(
 _COMPILED: dict[tuple[Config, int, int], tuple[Callable, float]] = {}  # (cfg, every, width)
 _REPORT: list[Callable | None] = [None]  # where the step callbacks of the running call go
 _TRACED: set[Config] = set()  # configs traced in this process (see `_compiled`)
+_NO_SEAM: dict[Config, str] = {}  # the modules each traced config leaves without a seam
 
 
 def progress_every(cfg: Config, reports: int = 50) -> int:
@@ -196,6 +197,7 @@ def _compiled(cfg: Config, keys, every: int = 0) -> tuple[Callable, float]:
         _TRACED.add(cfg)
         t0 = time.perf_counter()
         train = trainer.make_train(cfg, _emit, every) if every else trainer.make_train(cfg)
+        _NO_SEAM[cfg] = ", ".join(train.no_seam)
         train = _packed(train)
         if sequential(cfg):
 
@@ -342,6 +344,7 @@ def compute_cell(
             one = _unpacked(jax.tree.map(lambda a, i=i: np.asarray(a[i]), arrays))
             summary = summarize(cfg, one, task)
             summary["compile_s"] = fresh.get(width, 0.0)
+            summary["no_seam"] = _NO_SEAM.get(cfg, "")
             series = {k: one[k] for k in SERIES if k in one}
             tel = {"steps": trainer.log_steps(cfg), "metrics": one["telemetry"]}
             out.append(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
 import ctypes
 import functools
 import inspect
@@ -193,7 +194,7 @@ def run_processes(
     pool = None
     try:
         while left or alone:
-            queue, width = (alone, 1) if alone else (left, workers)
+            queue, width = (alone, 1) if alone else (left, min(workers, len(left)))
             # a fresh queue per pool: a worker killed while it wrote may leave a queue locked
             events = ctx.Queue() if report else None
             pool = cf.ProcessPoolExecutor(
@@ -242,6 +243,23 @@ def run_processes(
         raise
 
 
+@contextlib.contextmanager
+def _deaf_to_ctrl_c():
+    """SIGINT blocked in this thread meanwhile, so that a worker started here inherits the
+    mask through its spawn and never takes a Ctrl-C: the terminal sends it to the whole
+    process group, and a worker that took it printed a traceback ending in KeyboardInterrupt
+    (or an `_xla_gc_callback` fragment). The driver alone takes it and stops the workers; a
+    Ctrl-C that arrives meanwhile waits for the mask to lift, it is not lost."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    saved = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved)
+
+
 def _drain(pool, todo, left, finish, compute, workers: int, report: bool) -> list[int]:
     """Runs the batches of `left` (taken from its front) in `pool`, at most `workers` in flight,
     calling `finish` for each; returns the indices of the batches lost when the pool broke
@@ -254,7 +272,9 @@ def _drain(pool, todo, left, finish, compute, workers: int, report: bool) -> lis
             cell, seeds = todo[i]
             sink = _Forward(i) if report else None
             try:
-                running[pool.submit(attempt, compute, cell.config.to_dict(), seeds, sink)] = i
+                with _deaf_to_ctrl_c():  # the worker this submit may start inherits the mask
+                    future = pool.submit(attempt, compute, cell.config.to_dict(), seeds, sink)
+                running[future] = i
             except BrokenProcessPool:  # broken under a batch in flight: seen below
                 left.appendleft(i)
                 break

@@ -269,6 +269,7 @@ def load_experiment(
         raise ExperimentError(f"{path}: no such experiment file")
     if path.suffix != ".py":
         raise ExperimentError(f"{path}: an experiment file is a Python file; name it *.py")
+    own.beside(path)  # `from helper import X`, as under `python FILE`
     spec = importlib.util.spec_from_file_location(f"fp4lab_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:

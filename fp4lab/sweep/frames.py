@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fp4lab.schema import SEED_COLUMNS, STREAMS
+from fp4lab.schema import RUNS_COLUMNS, SEED_COLUMNS, STREAMS
 from fp4lab.sweep import compact
 from fp4lab.sweep import metrics as metrics_file
 from fp4lab.sweep.provenance import code_version
@@ -76,8 +76,8 @@ def runs_frame(
     """The runs table of the chosen rows (`Store.frame` with labels), by column: the config
     columns computed once per config (`configs`: {config key: (config, data, id)}), then
     taken for each run."""
-    if chosen.empty:
-        return pd.DataFrame(), ()
+    if chosen.empty:  # no runs (or none readable): the table's columns all the same
+        return pd.DataFrame(columns=list(RUNS_COLUMNS)), ()
     base = {
         "run_id": chosen["run_id"].to_numpy(),
         "experiment": [name] * len(chosen) if name else chosen["experiment"].to_numpy(),
@@ -132,6 +132,8 @@ def metrics_frame(
         columns = {"run_id": list(rid), "step": pa.array(step, pa.int64())}
         columns |= {"metric": ["eval_loss"] * len(final), "value": pa.array(value, pa.float64())}
         parts.append(pa.table(columns, schema=metrics_file.SCHEMA))
+    if not parts:  # every run's metrics lost with a damaged part: said where it was read
+        return empty.astype({"run_id": str, "step": np.int64, "metric": str, "value": np.float64})
     table = pa.concat_tables(parts)
     if names is not None:
         table = table.filter(pc.is_in(table["metric"], pa.array(names, pa.string())))

@@ -22,6 +22,7 @@ Writes into the fresh folder: the fresh tables (`<name>.csv`, as `fp4lab run` do
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -32,7 +33,7 @@ from fp4lab.sweep.experiment import Experiment, ExperimentError, load_experiment
 from fp4lab.sweep.runner import run_experiment
 from fp4lab.sweep.store import Results, load
 
-__all__ = ["fresh_experiment", "one_level_kept", "replicate"]
+__all__ = ["experiment_file", "fresh_experiment", "one_level_kept", "replicate"]
 
 
 def fresh_experiment(experiment: Experiment, used: dict[str, set], seeds_from: int) -> Experiment:
@@ -77,6 +78,63 @@ def one_level_kept(committed: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame
     return out
 
 
+def experiment_file(folder: Path, manifest: dict) -> Path:
+    """The experiment file a results folder's manifest records, from any working folder: its
+    path from the results folder (`from_folder`), else its recorded path (relative to the
+    working folder of the study's first run) from the working folder or from a folder above
+    the results folder."""
+    if "from_folder" in manifest and (folder / manifest["from_folder"]).is_file():
+        return (folder / manifest["from_folder"]).resolve()
+    recorded = Path(manifest.get("path", ""))
+    if not manifest.get("path") or recorded.is_absolute() or recorded.is_file():
+        return recorded
+    above = (p / recorded for p in folder.resolve().parents)
+    return next((p for p in above if p.is_file()), recorded)
+
+
+def _same_runs(exp: Experiment, committed: Results, folder: Path, path: Path) -> None:
+    """Refuses a file that asks for other runs than the committed ones: runs the folder lacks,
+    or fewer runs (a cell deleted, fewer seeds) that would replicate a subset without a word."""
+    asked = {r for c in exp.cells for r in c.run_ids()}
+    held = set(committed.runs["run_id"])
+    if not asked <= held:
+        raise ExperimentError(
+            f"{path} asks for runs that {folder} does not hold (the file changed, or the study "
+            "ran with other --seeds): finish or rerun the study first"
+        )
+    if left := held - asked:
+        cells = sorted(set(committed.runs.loc[committed.runs["run_id"].isin(left), "cell"]))
+        raise ExperimentError(
+            f"{path} no longer asks for {len(left)} of the {len(held)} committed runs (cells "
+            f"{', '.join(cells)}): a replication of a subset; restore the file's cells and seeds"
+        )
+
+
+def _check_out(out: Path, folder: Path, fresh: Experiment) -> None:
+    """Refuses a fresh folder that is the study or inside it, or one that holds the results of
+    anything but this replication (another experiment, another study of this file, other
+    seeds); a folder of this replication resumes."""
+    full = out.resolve()
+    if full == folder or folder in full.parents:
+        where = "the study's own folder" + (" or inside it" if full != folder else "")
+        raise ExperimentError(
+            f"--out {out}: {where}; the fresh runs need a folder of their own (default: "
+            "<study>_fresh<N>)"
+        )
+    try:
+        held = json.loads((full / "experiment.json").read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        held = {}
+    ids = [c.get("run_ids") for c in held.get("cells", [])] if isinstance(held, dict) else []
+    if ids != [list(c.run_ids()) for c in fresh.cells]:
+        raise ExperimentError(
+            f"--out {out} holds other results ({held.get('name', '?') if ids else 'unreadable'}"
+            f"), not this replication's; choose another --out"
+        )
+
+
 def replicate(
     folder: str | Path,
     seeds_from: int,
@@ -103,27 +161,24 @@ def replicate(
       ExperimentError: no experiment file, the file no longer asks for the committed runs, a
         file without analyze(results), or seeds that overlap the committed ones.
     """
-    folder = Path(folder)
+    folder = Path(folder).resolve()  # "." has no name to derive the fresh folder's from
+    if not (folder / "experiment.json").is_file():
+        raise ExperimentError(f"{folder}: not a results folder (no experiment.json)")
     committed = load(folder)
     manifest = committed.experiment or {}
-    path = Path(experiment or manifest.get("path", ""))
-    if not manifest or not path.is_file():
+    path = experiment_file(folder, manifest) if experiment is None else Path(experiment)
+    if not path.is_file():
         raise ExperimentError(
-            f"{folder}: its experiment file {str(path) or '(none recorded)'} is not there; "
-            "give experiment="
+            f"{folder}: its experiment file {path} is not there; give --experiment FILE"
         )
     exp = load_experiment(path, overrides=manifest.get("overrides"))
     if exp.analyze is None:
         raise ExperimentError(f"{path}: no analyze(results): no tables whose words to compare")
-    asked = {r for c in exp.cells for r in c.run_ids()}
-    if not asked <= set(committed.runs["run_id"]):
-        raise ExperimentError(
-            f"{path} asks for runs that {folder} does not hold (the file changed, or the study "
-            "ran with other --seeds): finish or rerun the study first"
-        )
+    _same_runs(exp, committed, folder, path)
     used = {s: set(committed.runs[f"seed_{s}"].astype(int)) for s in STREAMS}
     fresh_exp = fresh_experiment(exp, used, seeds_from)
     out = Path(out) if out is not None else folder.with_name(f"{folder.name}_fresh{seeds_from}")
+    _check_out(out, folder, fresh_exp)
     counts = run_experiment(
         fresh_exp,
         out,

@@ -176,11 +176,14 @@ class Index:
     def _recover(self, why: str) -> None:
         """Replaces a damaged index by one rebuilt from the files (in memory where its file
         cannot be written), with one warning line."""
-        readonly = "readonly" in why or self.memory
+        folder = (self.folder / INDEX_FILE).is_dir()  # nothing to remove: kept in memory
+        readonly = "readonly" in why or self.memory or folder
         then = "it is rebuilt from the run files"
         if readonly:
             then = "this process keeps the index in memory, built from the run files"
         what = "cannot be written" if "readonly" in why else "is damaged"
+        if folder:
+            what, why = "is a folder", "not the index's file; move it away to keep an index"
         warnings.warn(f"{self.folder / INDEX_FILE} {what} ({why}); {then}", CorruptRecord, 4)
         if self.db is not None:
             with contextlib.suppress(sqlite3.Error):
@@ -197,7 +200,9 @@ class Index:
             except (sqlite3.DatabaseError, Damaged):  # the new file fails too: in memory
                 if self.memory:
                     raise
-                self.db.close()
+                if self.db is not None:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.db.close()
                 self.memory = True
                 self.db = self._open()
                 self._refresh()

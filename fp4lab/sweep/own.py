@@ -19,10 +19,13 @@ What identifies the task in run ids (`task_hash`): the source of the functions a
 function and class of their modules they reach by name, the source of the user's modules they
 reach (a module, or a function or class of another module, read as a global: its file and
 those of the user's modules it imports, `fp4lab.train.user_code`), and the values they hold in
-a closure or reach as a global: arrays (in-memory data) by their bytes, numbers and strings;
-the same in every process (names in sorted order, never a set's); anything
-else they read (a file, an iterator) is named by `data`, a {name: bytes, array or Path} the
-hash covers too. So an
+a closure or reach as a global: arrays (in-memory data) by their bytes, numbers, strings, and
+containers of them at any depth (lists, tuples, dicts, sets, dataclasses, objects of the
+user's classes: `_value`); the same in every process (names in sorted order, a set by its
+elements' digests, never in set order). An iterator or an open file they read is refused by
+name (what it gives depends on when it is read): pass its content by `data`, a {name: bytes,
+array or Path} the hash covers too; an object of another library's class adds its type's
+name only. So an
 edited function or other data gives new runs, and a rerun of the same skips finished ones.
 
 The task is registered in this process: the local executor computes it (workers and Ray need
@@ -31,12 +34,16 @@ an experiment file, which they load themselves).
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
 import hashlib
 import inspect
+import io
 import sys
 import tempfile
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +55,7 @@ from fp4lab.sweep.experiment import Cell, Experiment, ExperimentError, jsonable,
 from fp4lab.train import own, user_code
 from fp4lab.train.config import Config, ConfigError, make
 
-__all__ = ["task", "task_hash", "train", "sweep"]
+__all__ = ["Unhashable", "task", "task_hash", "train", "sweep"]
 
 
 def task_hash(fns: Mapping[str, Any], data: Mapping[str, Any] | None = None) -> str:
@@ -82,14 +89,29 @@ def _code(obj, digest, seen: set[int]) -> None:
         fn = getattr(fn, "__func__", fn)
         if not isinstance(fn, types.FunctionType):
             continue
-        for cell in fn.__closure__ or ():
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
             try:
-                _reached(cell.cell_contents, None, digest, seen)
+                contents = cell.cell_contents
             except ValueError:  # an empty cell
-                pass
+                continue
+            try:
+                _reached(contents, None, digest, seen)
+            except Unhashable as e:
+                raise Unhashable(
+                    f"{fn.__name__} holds {name!r} in its closure ({e}): its runs would get "
+                    "no id of their own; pass what it gives by data= (bytes, an array or a "
+                    "Path) or make it an array, number, string or container of them"
+                ) from None
         for name in sorted(_names(fn.__code__)):  # not set order: it changes per process
             if name in fn.__globals__:
-                _reached(fn.__globals__[name], obj, digest, seen)
+                try:
+                    _reached(fn.__globals__[name], obj, digest, seen)
+                except Unhashable as e:
+                    raise Unhashable(
+                        f"{fn.__name__} reads the global {name!r} ({e}): its runs would get "
+                        "no id of their own; pass what it gives by data= (bytes, an array or a "
+                        "Path) or make it an array, number, string or container of them"
+                    ) from None
 
 
 def _names(code) -> set[str]:
@@ -130,27 +152,73 @@ def _module(module: types.ModuleType, digest, seen: set[int]) -> None:
         digest.update(f"module:{name}".encode() + b"\0" + file.read_bytes())
 
 
+class Unhashable(ExperimentError):
+    """A value the functions read whose content a run id cannot cover (an iterator, a file)."""
+
+
 def _value(value, digest, seen: set[int]) -> None:
+    """A value's content: numbers, strings, bytes, a file's bytes, arrays (dtype, shape,
+    bytes), containers (lists, tuples, dicts, sets by their elements' digests, whatever their
+    order), dataclasses and objects of the user's classes (their fields), functions (their
+    code); an object of another library's class adds its type's name only. An iterator, a
+    generator or an open file is refused (`Unhashable`): what it gives depends on when it is
+    read."""
     if isinstance(value, bytes):
         digest.update(value)
     elif isinstance(value, Path) and value.is_file():
         digest.update(value.read_bytes())
-    elif isinstance(value, str | int | float | complex | bool | type(None)):
+    elif isinstance(value, str | int | float | complex | bool | type(None) | enum.Enum):
         digest.update(repr(value).encode())
     elif hasattr(value, "__array__") and not isinstance(value, type):
         a = np.asarray(value)
         digest.update(f"{a.dtype}{a.shape}".encode() + np.ascontiguousarray(a).tobytes())
-    elif isinstance(value, Mapping):
+    elif isinstance(value, types.FunctionType | type):
+        _code(value, digest, seen)
+    elif isinstance(value, types.ModuleType):
+        _module(value, digest, seen)
+    elif isinstance(value, io.IOBase | Iterator):
+        raise Unhashable(f"type {type(value).__qualname__}, read as it goes")
+    elif isinstance(value, Mapping | list | tuple):  # as they always were: no type tag
+        if id(value) in seen:  # met before (or a cycle): its content is in already
+            digest.update(b"\0seen")
+            return
+        seen.add(id(value))
+        if not isinstance(value, Mapping):
+            for v in value:
+                _value(v, digest, seen)
+            return
         for k in sorted(value, key=repr):
             digest.update(repr(k).encode())
             _value(value[k], digest, seen)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            _value(v, digest, seen)
-    elif isinstance(value, types.FunctionType | type):
-        _code(value, digest, seen)
     else:
         digest.update(type(value).__qualname__.encode())
+        parts = _parts(value)
+        if parts and id(value) not in seen:
+            seen.add(id(value))
+            digest.update(b"\0")
+            for v in parts:
+                _value(v, digest, seen)
+
+
+def _parts(value) -> list:
+    """The values a set or an object holds (names as strings beside them), in an order that
+    is the same in every process; [] for an object of another library's class."""
+    if isinstance(value, set | frozenset):  # by each element's own digest: no set order
+        return sorted(task_hash({}, {"": v}) for v in value)
+    if isinstance(value, functools.partial):
+        return [value.func, value.args, value.keywords]
+    if dataclasses.is_dataclass(value):
+        return [
+            x for f in dataclasses.fields(value) for x in (f.name, getattr(value, f.name, None))
+        ]
+    where = type(value).__module__
+    mine = where == "__main__" or user_code.module_file(sys.modules.get(where)) is not None
+    if isinstance(value, types.SimpleNamespace) or mine:  # a script's, a notebook's, a module's
+        fields = dict(getattr(value, "__dict__", {}))
+        for name in getattr(type(value), "__slots__", ()):
+            fields[name] = getattr(value, name, None)
+        return [x for k in sorted(fields) for x in (k, fields[k])]
+    return []
 
 
 def task(

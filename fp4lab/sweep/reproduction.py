@@ -32,6 +32,9 @@ from fp4lab.sweep.experiment import ExperimentError
 __all__ = ["ReproductionError", "reproduce"]
 
 _TIMINGS = ("compile_s", "wall_s")  # host timings, never reproducible
+# judgements of a run's numbers, not numbers of it: their rule may change (the noise rule of
+# `learned` came 2026-12-07) while the numbers stay bit for bit
+_JUDGEMENTS = ("learned",)
 
 
 class ReproductionError(ExperimentError):
@@ -125,8 +128,8 @@ def _compare(run_id: str, record: dict, fresh: dict) -> None:
     for part in ("series", "telemetry", "summary"):
         stored, new = record.get(part) or {}, fresh.get(part) or {}
         if part == "summary":
-            stored = {k: v for k, v in stored.items() if k not in _TIMINGS}
-            new = {k: v for k, v in new.items() if k not in _TIMINGS}
+            stored = {k: v for k, v in stored.items() if k not in (*_TIMINGS, *_JUDGEMENTS)}
+            new = {k: v for k, v in new.items() if k not in (*_TIMINGS, *_JUDGEMENTS)}
         for key in sorted(stored):
             if not _equal(stored.get(key), new.get(key)):
                 a, b = stored.get(key), new.get(key)

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import inspect
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -80,13 +81,25 @@ def pending(
 
 def batches(todo: list[tuple[Cell, list, list[str]]]) -> list[tuple[Cell, list, list[str]]]:
     """The work cut into seed batches of each cell's `seed_batch` (one compiled call each):
-    (cell, seeds, their run ids)."""
+    (cell, seeds, their run ids). Where a call is only as wide as its seeds
+    (`compute.sequential`), a cell's seeds are cut into equal batches, the widest of at most
+    `seed_batch` that divides them (9 seeds at 4: 3 + 3 + 3), so that the cell compiles one
+    program, not a second for a remainder (4 + 4 + 1); a vmapped call is `seed_batch` wide
+    anyway (the last one padded)."""
     out = []
     for cell, seeds, ids in todo:
         width = cell.config.seed_batch
+        if len(seeds) > width and cells_compute.sequential(cell.config):
+            width = max(w for w in range(1, width + 1) if len(seeds) % w == 0)
         for lo in range(0, len(seeds), width):
             out.append((cell, list(seeds[lo : lo + width]), ids[lo : lo + width]))
     return out
+
+
+def _from(folder: Path, experiment: Experiment) -> str:
+    """The experiment file's path from the results folder (`fp4lab replicate` finds it from any
+    working folder): relative, so that a committed folder names no machine's paths."""
+    return Path(os.path.relpath(Path(experiment.path).resolve(), Path(folder).resolve())).as_posix()
 
 
 def check_owner(experiment: Experiment, store: results_store.Store, force: bool) -> None:
@@ -229,7 +242,7 @@ def _sweep(
     check_owner(experiment, store, force)
     prov = results_store.provenance()
     todo = pending(experiment, store, rerun_stale, results_store.code_version(prov))
-    store.write_experiment(experiment.manifest())
+    store.write_experiment(experiment.manifest() | {"from_folder": _from(store.path, experiment)})
     work = batches(todo)
     n_todo = sum(len(s) for _, s, _ in todo)
     counts = {"cells": len(experiment.cells), "runs": experiment.n_runs}

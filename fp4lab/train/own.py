@@ -36,6 +36,7 @@ import hashlib
 import importlib.util
 import inspect
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -159,12 +160,23 @@ def namespace(task_file: str) -> Any:
         raise OwnTaskError(f"task_file={task_file!r}: no such file")
     key = _file_key(path)
     if key not in _NAMESPACES:
+        beside(path)  # a worker process: the file imports its neighbours here too
         spec = importlib.util.spec_from_file_location(f"fp4lab_own_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         check(module, str(path))
         _NAMESPACES[key] = module
     return _NAMESPACES[key]
+
+
+def beside(path: str | Path) -> None:
+    """Puts the folder of a user's file first on `sys.path` (once per process), as `python
+    FILE` does, so that the file can import a module beside it (`from helper import X`); in
+    the process that loads the experiment and in each worker that loads its task. A module
+    name is one per process: two files that import different `helper.py`s share the first."""
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def adopt(path: str | Path, module: Any) -> None:

@@ -12,7 +12,9 @@ from fp4lab.train.config import Config
 from fp4lab.train.divergence import DIVERGENCE_KINDS
 from fp4lab.train.tasks import Task, make_task
 
-__all__ = ["target_of", "tokens_to_target", "summarize"]
+__all__ = ["target_of", "tokens_to_target", "batch_noise", "learned", "summarize"]
+
+MIN_LEARN_STEPS = 8  # fewer finite steps: too short to tell learning from the noise
 
 
 def target_of(cfg: Config, floor: float) -> float:
@@ -36,6 +38,47 @@ def tokens_to_target(loss: np.ndarray, target: float, window: int, tokens_per_st
     return math.nan if not len(hit) else float((hit[0] + window) * tokens_per_step)
 
 
+def batch_noise(loss) -> float:
+    """The SD of one batch's loss about its trend: 1.4826 * MAD(diff(loss)) / sqrt(2), from
+    step-to-step differences (robust to a fast first drop)."""
+    d = np.diff(np.asarray(loss, np.float64))
+    return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2))
+
+
+def learned(loss) -> float:
+    """Whether the training loss fell by more than its batch-to-batch noise: 1.0, 0.0, or NaN
+    for a run too short to tell (fewer than `MIN_LEARN_STEPS` steps).
+
+    With y the losses before the first non-finite one (n of them; a run of `MIN_LEARN_STEPS`
+    steps or more with fewer finite ones did not learn), w = max(n // 4, 2) steps a window,
+    and the noise s = 1.4826 * MAD(diff(y)) / sqrt(2) (the SD of one batch's loss about the
+    trend, from step-to-step differences, robust to a fast first drop):
+
+        learned  <=>  mean(y[:w]) - mean(y[-w:])  >  s * max(1, 4 * sqrt(2 / w))
+
+    a drop larger than one batch's noise and than 4 standard errors of the difference of the
+    two windows' means. A model at chance, or one whose steps do not move it (lr 1e-12), drops
+    by about 0 +- s * sqrt(2 / w): not learned. A loss that does not vary (one fixed batch)
+    learned when it fell by more than 1e-4 of its early mean.
+    """
+    loss = np.asarray(loss, np.float64).ravel()
+    if len(loss) < MIN_LEARN_STEPS:
+        return math.nan
+    bad = np.flatnonzero(~np.isfinite(loss))
+    y = loss[: bad[0]] if len(bad) else loss
+    if len(y) < MIN_LEARN_STEPS:
+        return 0.0
+    w = max(len(y) // 4, 2)
+    noise = batch_noise(y)
+    drop = np.mean(y[:w]) - np.mean(y[-w:])
+    floor = 1e-4 * abs(np.mean(y[:w]))  # a loss constant but for float rounding: not learned
+    return float(drop > max(noise * max(1.0, 4.0 * math.sqrt(2.0 / w)), floor))
+
+
+def _flag(x: float):
+    return x if math.isnan(x) else bool(x)
+
+
 def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> dict[str, Any]:
     """One seed's arrays -> the summary numbers of its row in the runs table.
 
@@ -47,9 +90,11 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
     forward ("recipe"), so that a comparison across a late switch of precision can say which
     it uses: part of a "recovery" after switching to BF16 is a change of measurement.
     The spike columns (`fp4lab.train.spikes.summary`: spikes, first_spike, max_spike,
-    diverged_at_end) count the loss's excursions above twice its running median, recovered
-    or not. `learned` is False when the training loss never fell below its first value (the verdict
-    and `fp4lab show` say "did not learn").
+    diverged_at_end, spike_events) count the loss's excursions above twice its running
+    median, recovered or not.
+    `learned` is False when the training loss did not fall by more than its batch-to-batch
+    noise (`learned` above; the verdict, `fp4lab show`, the report and the run's summary then
+    say "did not learn" and give the cell no verdict words), NaN for a run too short to tell.
 
     Args:
       cfg: the run's Config. arrays: one seed's `train(keys)` output (host arrays).
@@ -78,7 +123,7 @@ def summarize(cfg: Config, arrays: dict[str, Any], task: Task | None = None) -> 
         "diverged": div_step >= 0,
         "divergence_step": float(div_step) if div_step >= 0 else math.nan,
         "divergence_kind": DIVERGENCE_KINDS[int(np.asarray(arrays["divergence_kind"]))],
-        "learned": bool(np.any(loss[1:] < loss[0])),  # NaN compares False: not learned
+        "learned": _flag(learned(loss)),
         "target_loss": target,
         "tokens_to_target": tokens_to_target(
             toward, target, cfg.target_window, task.tokens_per_step

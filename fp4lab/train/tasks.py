@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -169,9 +170,27 @@ def _own_task(cfg: Config) -> Task:
         tokens_per_step=int(tokens(cfg) if callable(tokens) else tokens or cfg.batch_size),
         model=lambda rngs: ns.model(cfg, rngs),
         batch=with_config(ns.batch),
-        loss=ns.loss,
+        loss=_scalar(ns.loss),
         eval=with_config(eval_fn) if eval_fn is not None else None,
     )
+
+
+@functools.cache  # one wrapper per loss: what is traced once per loss stays so
+def _scalar(loss: Callable) -> Callable:
+    """The task's loss, checked where it is traced: a loss of any other shape than a scalar
+    is an OwnTaskError that names `loss` and the fix (jax's own error names neither)."""
+
+    def checked(model, batch):
+        value = loss(model, batch)
+        shape = jnp.shape(value)
+        if shape != ():
+            raise own.OwnTaskError(
+                f"loss(model, batch) returned an array of shape {shape}; it must return a scalar "
+                "(the batch's mean loss, e.g. jnp.mean(per_example))"
+            )
+        return value
+
+    return checked
 
 
 def init_model(task: Task, keys) -> nnx.Module:

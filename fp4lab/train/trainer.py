@@ -153,7 +153,7 @@ def _padded(cfg: Config, recipe):
     return recipes.get(recipe).replace(pad=True)
 
 
-def check_config_rules(task: Task, phases: list[tuple[int, int, list[Rule]]]) -> None:
+def check_config_rules(task: Task, phases: list[tuple[int, int, list[Rule]]]) -> list[str]:
     """A rule that would quantize nothing is a mistake, not a no-op: ConfigError.
 
     Each phase's rules (`phase_rules`) are matched against the task's model as
@@ -164,7 +164,7 @@ def check_config_rules(task: Task, phases: list[tuple[int, int, list[Rule]]]) ->
     layer in high precision): its runs would hold high-precision numbers under a quantizing
     recipe's label. A model function that returns no nnx.Module is a ConfigError too. Modules
     that multiply their own parameters without a seam are warned about
-    (`fp4lab.nnx.rules.warn_unseamed`)."""
+    (`fp4lab.nnx.rules.warn_unseamed`) and returned (`train.no_seam` of `make_train`)."""
 
     def build():
         return task.model(nnx.Rngs(params=jax.random.key(0)))
@@ -195,8 +195,8 @@ def check_config_rules(task: Task, phases: list[tuple[int, int, list[Rule]]]) ->
     try:
         batch = jax.eval_shape(task.batch, jax.random.key(0), 0)
     except Exception:  # a batch that cannot be traced here fails in the run, with its error
-        return
-    warn_unseamed(model, [r for _, _, rules in phases for r in rules], task.loss, batch)
+        return []
+    return warn_unseamed(model, [r for _, _, rules in phases for r in rules], task.loss, batch)
 
 
 def _quantizes(recipe) -> bool:
@@ -418,7 +418,7 @@ def make_train(
     task = make_task(cfg)
     tx = make_optimizer(cfg)
     phases = phase_rules(cfg)
-    check_config_rules(task, phases)
+    no_seam = tuple(check_config_rules(task, phases))
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"make_train: every={every!r}; must be an int >= 1")
     report = None
@@ -464,6 +464,7 @@ def make_train(
         )
         return result
 
+    train.no_seam = no_seam  # the modules that stay in high precision for want of a seam
     return train
 
 

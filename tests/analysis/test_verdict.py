@@ -94,7 +94,8 @@ def test_paired_difference_pairs_on_shared_streams():
 def test_a_cell_of_one_run_and_a_contrast_of_one_pair_are_too_few_seeds():
     runs = pd.concat([cell("a", levels=(1, 1, 1)), cell("b", levels=(3, 3, 3), rng=1)])
     v = analysis.verdict(runs)
-    assert v.loc[v.kind == "fixed", "verdict"].tolist() == ["no shared seeds"]
+    assert v.loc[v.kind == "fixed", "verdict"].tolist() == ["too few seeds"]  # one pair
+    assert v.loc[v.kind == "fixed", "evidence"].iloc[0].startswith("one shared seed (init/data")
     assert set(v.loc[v.term == "a", "verdict"]) == {"not varied"}
     assert v.attrs["comparisons"] == 3  # the three streams of cell b
 

@@ -48,18 +48,41 @@ def test_an_unbalanced_cell_names_the_missing_and_repeated_combinations():
     assert line == f"quant in c: unbalanced: {rows.loc['quant', 'evidence']}"
 
 
-def test_a_cell_that_did_not_learn_is_flagged_in_the_verdict_and_its_words():
+def test_a_cell_that_did_not_learn_gets_no_verdict_words_and_leaves_the_family():
     sd = (0.01, 0.01, 0.0, 0.0, 0.0, 0.0, 0.005)
     a = crossed_cell("recipe=bf16", (3, 3, 1), sd, 0).assign(recipe="bf16", learned=True)
     b = crossed_cell("recipe=nvfp4", (3, 3, 1), sd, 1, 2.3).assign(recipe="nvfp4", learned=True)
     b.loc[b.index[:7], "learned"] = False
     runs = pd.concat([a, b])
-    why = "7 of 9 runs: the training loss never fell below its first value"
-    fixed = analysis.verdict(runs, baseline="recipe=bf16", draws=DRAWS).iloc[0]
-    assert fixed["evidence"].startswith(f"recipe=nvfp4 did not learn ({why}); ")
+    why = "7 of 9 runs: the training loss did not fall by more than its batch-to-batch noise"
+    v = analysis.verdict(runs, baseline="recipe=bf16", draws=DRAWS)
+    fixed = v.iloc[0]
+    assert fixed["verdict"] == "did not learn" and np.isnan(fixed["lo"])
+    assert fixed["evidence"] == f"recipe=nvfp4 did not learn ({why})"
+    stuck_rows = v[(v["kind"] == "random") & (v["term"] == "recipe=nvfp4")]
+    assert len(stuck_rows) and set(stuck_rows["verdict"]) == {"did not learn"}
+    learned_rows = v[(v["kind"] == "random") & (v["term"] == "recipe=bf16")]
+    assert "did not learn" not in set(learned_rows["verdict"])
+    # the family: only the learned cell's stream factors (2 of them)
+    assert v.attrs["comparisons"] == analysis.verdict(a, draws=DRAWS).attrs["comparisons"] == 2
     said = verdicts.words(runs, "loss_gap", draws=DRAWS)
     assert said.stuck == [f"recipe=nvfp4: did not learn: {why}"]
-    assert said.cells[0].startswith("recipe=nvfp4: did not learn; higher than recipe=bf16")
+    assert said.cells == [f"recipe=nvfp4: not judged: recipe=nvfp4 did not learn ({why})"]
+    assert not [x for x in said.streams if "recipe=nvfp4" in x]
     assert verdicts.words(a, "loss_gap", draws=DRAWS).stuck == []
     old = runs.assign(learned=np.nan)  # records made before the column: nothing is claimed
     assert verdicts.words(old, "loss_gap", draws=DRAWS).stuck == []
+
+
+def test_two_one_seed_cells_on_the_same_seed_are_told_one_shared_seed():
+    a = _same_seeds("a", 1, 0)
+    b = _same_seeds("b", 1, 1, offset=1.0)
+    row = analysis.verdict(pd.concat([a, b]), baseline="a", draws=DRAWS).iloc[0]
+    assert row["verdict"] == "too few seeds"
+    assert row["evidence"] == (
+        "one shared seed (init/data/quant 0/0/0), no stream varied in both cells: no interval; "
+        "need 3 levels of a stream in each"
+    )
+    apart = _same_seeds("b", 1, 1).assign(seed_init=5, seed_data=5, seed_quant=5)
+    row = analysis.verdict(pd.concat([a, apart]), baseline="a", draws=DRAWS).iloc[0]
+    assert (row["verdict"], row["evidence"]) == ("no shared seeds", "nothing to pair on")

@@ -138,3 +138,72 @@ def test_ls_and_show_as_a_fresh_process_load_no_jax(tmp_path):
     )  # fmt: skip
     assert done.stdout.splitlines()[-1] == "[0, 0] []"
     assert "ok 2  failed 0  missing 0" in done.stdout
+
+
+def test_a_folder_named_as_the_index_is_one_warning_in_ls_show_and_run(tmp_path, capsys):
+    out = tmp_path / "res"
+    path = write_experiment(tmp_path, CELLS)
+    run(path, out, compute=fake_compute)
+    for f in out.glob(f"{index.INDEX_FILE}*"):
+        f.unlink()
+    (out / index.INDEX_FILE).mkdir()
+    said = (
+        f"{out / index.INDEX_FILE} is a folder (not the index's file; move it away to keep an "
+        "index); this process keeps the index in memory, built from the run files"
+    )
+    for command in (["ls", str(out)], ["show", str(out)]):
+        with pytest.warns(sweep.CorruptRecord) as caught:
+            assert cli.main(command) == 0, command
+        assert [str(w.message) for w in caught] == [said]
+        assert "ok 2" in capsys.readouterr().out or command[0] == "show"
+    with pytest.warns(sweep.CorruptRecord, match="is a folder"):
+        counts = run(path, out, compute=fake_compute)
+        assert counts["skipped"] == 4 and len(store.load(out).runs) == 4
+
+
+def _compacted(tmp_path, name):
+    out = tmp_path / name
+    (tmp_path / f"{name}-exp").mkdir()
+    run(write_experiment(tmp_path / f"{name}-exp", CELLS), out, compute=fake_compute)
+    compact.compact(out)
+    return out
+
+
+def test_a_missing_metrics_part_gives_no_metrics_with_a_warning_not_an_arrow_error(tmp_path):
+    out = _compacted(tmp_path, "m")
+    (out / "compact" / "metrics-0001.parquet").unlink()
+    with pytest.warns(sweep.CorruptRecord, match="metrics-0001.parquet cannot be read"):
+        res = store.load(out, metrics=["loss"])
+    assert len(res.runs) == 4 and res.metrics.empty
+    assert list(res.metrics.columns) == ["run_id", "step", "metric", "value"]
+
+
+def test_a_missing_records_part_is_warned_in_every_reader(tmp_path, capsys):
+    out = _compacted(tmp_path, "r")
+    (out / "compact" / "records-0001.parquet").unlink()
+    said = (
+        f"{out / 'compact' / 'metrics-0001.parquet'}: its records part records-0001.parquet is "
+        "missing: the 4 runs it held are lost (restore the file, or run the experiment again "
+        "to compute them)"
+    )
+    script = (
+        "import sys, warnings; warnings.simplefilter('always'); from fp4lab import cli; "
+        "sys.exit(cli.main(sys.argv[1:]))"
+    )
+    for command in ("ls", "show"):  # each a fresh process, as a user runs them
+        done = subprocess.run(
+            [sys.executable, "-c", script, command, str(out)], capture_output=True, text=True
+        )
+        assert done.returncode == 0 and f"warning: {said}" in done.stderr.splitlines(), command
+    with pytest.warns(sweep.CorruptRecord) as caught:
+        assert store.load(out).runs.empty
+    assert said in [str(w.message) for w in caught]
+
+
+def test_a_corrupt_records_part_still_gives_the_runs_tables_columns(tmp_path):
+    out = _compacted(tmp_path, "c")
+    part = out / "compact" / "records-0001.parquet"
+    part.write_bytes(part.read_bytes()[:100] + b"x" * 50)
+    with pytest.warns(sweep.CorruptRecord, match="records-0001.parquet cannot be read"):
+        runs = store.load(out).runs
+    assert runs.empty and {"run_id", "cell", "status", "final_loss", "learned"} <= set(runs)

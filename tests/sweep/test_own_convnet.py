@@ -5,6 +5,7 @@ with its fix, a layer without a seam is reported, and an ambiguous `batch` is re
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from fp4lab import cli
@@ -213,7 +214,7 @@ def test_a_layer_without_a_seam_is_listed_and_warned_about_once(tmp_path):
     said = [str(w.message) for w in caught if "without a seam" in str(w.message)]
     assert said == [
         "1 module(s) multiply their own parameters without a seam fp4lab can quantize and stay "
-        "in high precision: '' (a custom jnp.dot or @); build them from nnx.Linear, Einsum or "
+        "in high precision: 'mix' (a custom jnp.dot or @); build them from nnx.Linear, Einsum or "
         "Conv to quantize them (fl.describe lists them as 'not quantized (no seam)')"
     ]
     cfg = cfg.replace(recipe="fp32")  # nothing quantized: nothing to warn about
@@ -225,7 +226,8 @@ def test_a_layer_without_a_seam_is_listed_and_warned_about_once(tmp_path):
     model = ns.model(cfg, nnx.Rngs(0))
     fl.quantize_model(model, [fl.Rule(".*", "nvfp4")], key=jax.random.key(0))
     table = fl.describe(model).set_index("path")["recipe"].to_dict()
-    assert table == {"c1": "nvfp4", "head": "nvfp4", "": "not quantized (no seam)"}
+    no_seam = "not quantized (no seam)"  # describe traces nothing: pos (only added) too
+    assert table == {"c1": "nvfp4", "head": "nvfp4", "pos": no_seam, "mix": no_seam}
     added_only = UNSEAMED.replace("h = h @ self.mix[...]", "h = h + self.mix[0, 0]")
     exp = experiment.load_experiment(write(tmp_path / "b", added_only), seeds=1)
     with warnings.catch_warnings(record=True) as caught:
@@ -280,7 +282,43 @@ def test_show_flags_a_cell_that_did_not_learn(tmp_path, capsys):
     assert cli.main(["show", str(tmp_path / "o")]) == 0
     text = capsys.readouterr().out
     assert (
-        "recipe=nvfp4: did not learn: 3 of 3 runs: the training loss never fell below its "
-        "first value"
+        "recipe=nvfp4: did not learn: 3 of 3 runs: the training loss did not fall by more than "
+        "its batch-to-batch noise"
     ) in text
-    assert "init=data=quant in recipe=nvfp4: " in text and "confounded" in text
+    assert "init=data=quant in recipe=nvfp4: " not in text  # no verdict words for it
+    assert "no evidence" not in text and "matters" not in text
+
+
+def test_a_parameter_without_a_seam_is_recorded_with_the_runs_and_shown(tmp_path, capsys):
+    import warnings
+
+    from flax import nnx
+
+    import fp4lab as fl
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.up = nnx.Linear(16, 16, rngs=rngs)
+            self.raw_w = nnx.Param(jnp.eye(16))  # at the model's top level, multiplied by @
+
+        def __call__(self, x):
+            return self.up(x) @ self.raw_w[...]
+
+    def model(config, rngs):
+        return Net(rngs)
+
+    def loss(model, batch):
+        return jnp.mean((model(batch) - batch) ** 2)
+
+    def batch(key, step):
+        return jax.random.normal(key, (8, 16))
+
+    cfg = fl.Config(steps=2, lr=1e-2, warmup=0, eval_batches=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = fl.own.sweep(model, loss, batch, {"nvfp4": {"recipe": "nvfp4"}}, cfg, seeds=1,
+                           out=tmp_path / "o", progress=False)  # fmt: skip
+    assert res.runs["no_seam"].tolist() == ["raw_w"]  # named by its attribute, not ''
+    assert cli.main(["show", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "nvfp4: not quantized, no seam (a custom jnp.dot or @, in high precision): raw_w" in out

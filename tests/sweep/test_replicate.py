@@ -2,7 +2,9 @@
 the fresh and the pooled seeds beside the committed ones; resumable (also after kill -9),
 refusing seeds the study used."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -179,3 +181,101 @@ def test_the_command_resumes_after_kill_9_and_refuses_used_seeds(tmp_path, capsy
     assert pd.read_csv(out / "words.csv")["committed"].notna().all()
     assert cli.main(["replicate", str(folder), "--seeds-from", "2", "--quiet"]) == 2
     assert "that the committed runs used" in capsys.readouterr().err
+
+
+def test_an_out_that_is_the_study_inside_it_or_another_folder_is_refused(tmp_path):
+    folder = committed(tmp_path)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    other = tmp_path / "other"
+    runner.run_experiment(experiment.load_experiment(study(tmp_path / "b")), other,
+                          compute=planted, progress=False)  # fmt: skip
+    elsewhere = fl.replicate(folder, 8, compute=planted, progress=False, out=tmp_path / "f8")
+    cases = [
+        (folder, "the study's own folder; "),
+        (folder / "fresh", "the study's own folder or inside it"),
+        (other, "holds other results (study), not this replication's"),  # same name, other runs
+        (tmp_path / "f8", "holds other results (study), not this replication's"),  # seeds 8-11
+    ]
+    for out, said in cases:
+        with pytest.raises(
+            experiment.ExperimentError,
+            match=r"^--out .*" + re.escape(said),
+        ):
+            fl.replicate(folder, 4, compute=planted, progress=False, out=out)
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
+    assert not (folder / "fresh").exists() and len(elsewhere)
+    fl.replicate(folder, 8, compute=planted, progress=False, out=tmp_path / "f8")  # resumes
+
+
+def test_replicate_from_any_working_folder_and_from_dot(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = study(tmp_path / "exp")
+    runner.run_experiment(experiment.load_experiment(path), tmp_path / "results" / "study",
+                          compute=planted, progress=False)  # fmt: skip
+    folder = tmp_path / "results" / "study"
+    manifest = fl.load(folder).experiment
+    assert manifest["path"] == "exp/study.py" and manifest["from_folder"] == "../../exp/study.py"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    words = fl.replicate(folder, 4, compute=planted, progress=False)
+    monkeypatch.chdir(folder)
+    assert fl.replicate(".", 4, compute=planted, progress=False).equals(words)  # "." resolved
+    assert (tmp_path / "results" / "study_fresh4" / "words.csv").is_file()
+    # a manifest written before from_folder: the recorded path from a folder above the study
+    manifest.pop("from_folder")
+    (folder / "experiment.json").write_text(json.dumps(manifest))
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert fl.replicate(folder, 4, compute=planted, progress=False).equals(words)
+
+
+def test_replicate_says_what_is_wrong_in_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    for folder in (tmp_path / "empty", tmp_path):
+        assert cli.main(["replicate", str(folder), "--seeds-from", "4"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err == f"fp4lab replicate: error: {folder}: not a results folder (no experiment.json)\n"
+        )
+    folder = committed(tmp_path)
+    path = tmp_path / "exp" / "study.py"
+    path.write_text(path.read_text().replace("SEEDS = 4", "SEEDS = 3"))
+    with pytest.raises(experiment.ExperimentError) as e:
+        fl.replicate(folder, 4, compute=planted, progress=False)
+    assert str(e.value) == (
+        f"{path} no longer asks for 2 of the 8 committed runs (cells recipe=bf16, recipe=nvfp4): "
+        "a replication of a subset; restore the file's cells and seeds"
+    )
+    path.write_text(path.read_text().replace("SEEDS = 3", "SEEDS = 4").replace(
+        '    add(recipe="nvfp4")\n', ""))  # fmt: skip
+    with pytest.raises(experiment.ExperimentError, match=r"no longer asks for 4 of the 8 .*"
+                       r"\(cells recipe=nvfp4\)"):  # fmt: skip
+        fl.replicate(folder, 4, compute=planted, progress=False)
+    path.unlink()
+    with pytest.raises(experiment.ExperimentError, match="give --experiment FILE$"):
+        fl.replicate(folder, 4, compute=planted, progress=False)
+
+
+@pytest.mark.parametrize("command", ["replicate", "diagnose"])
+def test_sigterm_stops_replicate_and_diagnose_with_one_line(tmp_path, monkeypatch, capsys, command):
+    import signal
+    import time
+
+    import fp4lab.diagnosis
+    from fp4lab.sweep import fresh
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not stop it")
+
+    monkeypatch.setattr(fresh, "replicate", terminated)
+    monkeypatch.setattr(fp4lab.diagnosis, "diagnose", terminated)
+    argv = {
+        "replicate": ["replicate", str(tmp_path), "--seeds-from", "4"],
+        "diagnose": ["diagnose", str(tmp_path / "e.py"), "--out", str(tmp_path / "d")],
+    }
+    assert cli.main(argv[command]) == 130
+    err = capsys.readouterr().err
+    resume = "; finished runs are stored, run again to resume" if command == "replicate" else ""
+    assert err.strip().splitlines() == [f"fp4lab {command}: interrupted{resume}"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored

@@ -71,6 +71,9 @@ def test_an_output_the_record_predates_is_not_compared_but_a_missing_one_is(tmp_
     del body["summary"]["eval_hp"]  # a record older than the eval_hp output
     f.write_text(records.seal(body)[1])
     assert sweep.reproduce(out, rid)["summary"]["eval_hp"] > 0
+    body["summary"]["learned"] = not body["summary"]["learned"]  # an older rule's judgement
+    f.write_text(records.seal(body)[1])
+    assert sweep.reproduce(out, rid)["summary"]["eval_hp"] > 0  # the numbers still reproduce
     body["summary"]["no_such_output"] = 1.0  # the record has it, the code does not
     f.write_text(records.seal(body)[1])
     with pytest.raises(sweep.ReproductionError, match="no_such_output"):

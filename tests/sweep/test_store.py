@@ -184,7 +184,7 @@ def test_show_warns_on_mixed_code_and_rerun_stale_recomputes(tmp_path, capsys):
 
 def test_records_are_written_per_seed_batch(tmp_path):
     out = tmp_path / "res"
-    path = write_experiment(tmp_path, 'add("x", recipe="fp32", seeds=5)')  # seed_batch 2
+    path = write_experiment(tmp_path, 'add("x", recipe="fp32", seeds=6)')  # seed_batch 2
     seen = []
 
     def compute(config, seeds):
@@ -195,9 +195,35 @@ def test_records_are_written_per_seed_batch(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         run(path, out, compute=compute)
-    assert seen == [(2, 0), (2, 2), (1, 4)]  # each batch's records on disk before the next
+    assert seen == [(2, 0), (2, 2), (2, 4)]  # each batch's records on disk before the next
     counts = run(path, out, compute=fake_compute)
-    assert counts["skipped"] == 4 and counts["done"] == 1
+    assert counts["skipped"] == 4 and counts["done"] == 2
+
+
+@pytest.mark.parametrize(
+    "seeds, pad, widths",
+    [
+        (9, False, [3, 3, 3]),  # --design streams' 9 at seed_batch 4: one program, not 4 and 1
+        (8, False, [4, 4]),
+        (5, False, [1] * 5),  # a prime: calls of one seed, still one program
+        (3, False, [3]),
+        (9, True, [4, 4, 1]),  # vmapped: every call 4 wide, the last padded
+    ],
+)
+def test_a_cells_seeds_are_cut_so_that_it_compiles_once(seeds, pad, widths, monkeypatch):
+    from fp4lab.sweep import compute, experiment, runner
+    from fp4lab.train.config import Config
+
+    monkeypatch.setattr(compute.jax, "default_backend", lambda: "cpu")  # sequential calls
+
+    cfg = Config(seed_batch=4, pad_seeds=pad)
+    cell = experiment.Cell(
+        label="c", overrides={}, config=cfg, seeds=[(i,) * 3 for i in range(seeds)]
+    )
+    work = runner.batches([(cell, list(cell.seeds), [str(i) for i in range(seeds)])])
+    assert [len(s) for _, s, _ in work] == widths
+    assert [i for _, _, ids in work for i in ids] == [str(i) for i in range(seeds)]
+    assert len({compute.call_width(cfg, len(s)) for _, s, _ in work}) == 1
 
 
 # ---------------------------------------------------------------------------------------------
