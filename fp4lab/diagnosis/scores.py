@@ -12,12 +12,14 @@ Every score is "higher = more sensitive", per sample (a checkpoint, a batch and 
     alone_grad_angle     1 - cos(g_v, g), the same
     alone_update_loss    share of one gradient step's first-order loss decrease lost
                          (1 - <g, g_v> / ||g||^2), the same
-    alone_step_loss      the share of one optimizer step's loss decrease (under the
-                         high-precision forward, on the batch) that a step along g_v loses:
-                         (step_v - step) / -step, step the shadow's own (`probe.Probe`: Adam's
-                         first step moves every weight by lr in the sign of its gradient, so
-                         an error on weights the loss does not feel costs nothing, and noise on
-                         weights it does costs their share), the same
+    alone_step_loss      the share of one optimizer step's first-order loss decrease (the
+                         high-precision loss's gradient g, on the batch) that a step along g_v
+                         loses: (step_v - step) / -step = 1 - <g, u(g_v)> / <g, u(g)>, u the
+                         optimizer's first update (`probe.Probe`: Adam's first step moves
+                         every weight by lr in the sign of its gradient, so an error on weights
+                         the loss does not feel costs nothing, and a sign flipped on a weight
+                         it does costs twice that weight's |g|: under Adam the score is >= 0
+                         up to eps), the same
     alone_loss           loss_v - loss (the forward's effect on the loss), the same; negative
                          where the quantized forward fits the batch better than the shadow
                          (weights trained under FP4 have adapted to its rounding)
@@ -25,6 +27,9 @@ Every score is "higher = more sensitive", per sample (a checkpoint, a batch and 
                          only this GEMM kept in high precision: the drift keeping it removes
     removed_bwd, removed_grad_rel, removed_update_loss, removed_step_loss   the same for
                          those measures
+
+Each row also carries the all-FP4 model's own `fp4_step_loss` and `fp4_update_loss` (the same
+in every row of a sample): the whole of what a share score is a share of (`TOTALS`).
 
 `summarize` gives each score's mean over the samples with a t-interval (the samples are
 treated as independent draws; they are a crossed design of checkpoints, batches and quant
@@ -44,6 +49,7 @@ from fp4lab.schema import GEMMS
 __all__ = [
     "SCORES",
     "SHARES",
+    "TOTALS",
     "DEFAULT",
     "sample_rows",
     "summarize",
@@ -69,6 +75,13 @@ SCORES = (
 )
 # scores that are shares of one step's loss decrease: drawn on one scale, (0, 1), for every model
 SHARES = ("alone_update_loss", "alone_step_loss", "removed_update_loss", "removed_step_loss")
+# the all-FP4 model's own measure of each share score: the whole its shares are shares of
+TOTALS = {
+    "alone_step_loss": "fp4_step_loss",
+    "removed_step_loss": "fp4_step_loss",
+    "alone_update_loss": "fp4_update_loss",
+    "removed_update_loss": "fp4_update_loss",
+}
 DEFAULT = "alone_step_loss"  # the ranking score, validated on planted models (docs/diagnose.md)
 _LANE = {"fprop": "y", "dgrad": "dx", "wgrad": "dw"}
 
@@ -114,6 +127,8 @@ def sample_rows(out: dict, shadow: dict, sites, sample: dict) -> pd.DataFrame:
                 "removed_grad_rel": out["grad_rel"][0] - out["grad_rel"][kept],
                 "removed_update_loss": out["update_loss"][0] - out["update_loss"][kept],
                 "removed_step_loss": step[0] - step[kept],
+                "fp4_step_loss": step[0],
+                "fp4_update_loss": out["update_loss"][0],
             }
             rows.append(row)
     return pd.DataFrame(rows)
@@ -132,6 +147,9 @@ def summarize(samples: pd.DataFrame, sites, *, level: float = 0.95) -> pd.DataFr
         for score in SCORES:
             ci = t_interval(g[score].to_numpy(np.float64), level)
             row |= {score: ci.estimate, f"{score}_lo": ci.lo, f"{score}_hi": ci.hi}
+        for whole in dict.fromkeys(TOTALS.values()):
+            if whole in g:
+                row[whole] = float(g[whole].astype(np.float64).mean())
         rows.append(row)
     table = pd.DataFrame(rows)
     table["flop_share"] = table["flops"] / table["flops"].sum()

@@ -10,7 +10,8 @@ each round at every checkpoint, in an order whose every prefix spreads over batc
 estimated time (a measurement's median time, the compile left out) stays within it; at least
 one round runs. After the first measurement (its compile timed apart) and every round, the
 progress line says how many samples are done, the seconds so far and an estimate of the
-seconds left.
+seconds the rest of the design would take, and what the time budget leaves of them when it is
+shorter.
 """
 
 from __future__ import annotations
@@ -96,11 +97,11 @@ def measure(
                 if progress:
                     left = _left(took, planned, time_budget, now + took[0] + compile_s)
                     _say(f"1/{planned} samples in {took[0] + compile_s:.0f} s ({compile_s:.0f} s "
-                         f"compiling); the rest about {left:.0f} s")  # fmt: skip
+                         f"compiling); {left}")  # fmt: skip
         if progress and r + 1 < len(plan):
             now = spent + time.perf_counter() - start
-            _say(f"{len(rows)}/{planned} samples, {now:.0f} s; about "
-                 f"{_left(took, planned, time_budget, now):.0f} s left")  # fmt: skip
+            _say(f"{len(rows)}/{planned} samples, {now:.0f} s; "
+                 f"{_left(took, planned, time_budget, now)}")  # fmt: skip
     return Stage1(
         samples=pd.concat(rows, ignore_index=True),
         planned=planned,
@@ -115,7 +116,11 @@ def _each(took: list[float]) -> float:
     return later[len(later) // 2] if later else took[0]
 
 
-def _left(took: list[float], planned: int, budget: float | None, now: float) -> float:
-    """Seconds the samples not yet measured take, capped by the time budget."""
+def _left(took: list[float], planned: int, budget: float | None, now: float) -> str:
+    """The seconds the samples not yet measured would take, in words, and (when the time budget
+    is shorter) the seconds it leaves: an estimate and the cap, each said as what it is."""
     left = _each(took) * (planned - len(took))
-    return left if budget is None else min(left, max(budget - now, 0.0))
+    text = f"the rest about {left:.0f} s"
+    if budget is not None and budget - now < left:
+        text += f", the time budget leaves {max(budget - now, 0.0):.0f} s of it"
+    return text
