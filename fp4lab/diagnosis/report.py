@@ -1,13 +1,16 @@
 """What a `Diagnosis` says in words: the summary paragraph `fp4lab diagnose` prints last.
 
-Stage 1: the samples (and when the time budget cut them, or too few give no interval), the
-ranking and whether it is decided (`scores.tied_at_top`: "the first k cannot be told apart";
-a first apart by less than `MARGIN` times the second: "no GEMM stands out"),
-low agreement between the scores, the recommended set, every higher-ranked GEMM the FLOP budget
-left out with what keeping it would cost, and the cheapest set predicted to reach the target
-share of the gap. Stage 2, its first words on whether the FP4 gap is resolved at all, then the
-shares closed on both losses (and whether they disagree), random-k's draws and their spread,
-last-blocks at its own share, and the verdicts.
+Stage 1: the samples (and when the time budget cut them, which streams they cover; when too
+few give no interval), the ranking and whether it is decided (`decided`; `scores.tied_at_top`:
+"the first k cannot be told apart", with the samples that would part them; a first apart by
+less than `MARGIN` times the second: "no GEMM stands out"), low agreement between the scores
+(only where the ranking is not decided), the recommended set, what the budget or the rule of
+`choose.worth` left out, and, only where the ranking is decided, the set's predicted share
+(the set measured at stage 1, `scores.kept_share`) and the cheapest set whose GEMMs' scores
+added reach the target share of the gap. Stage 2, its first words on whether the FP4 gap is
+resolved at all, then the shares closed on both losses (and whether they disagree), random-k's
+draws and their spread, last-blocks at its own share, and the verdicts; a cell it has no set
+for is said in words.
 """
 
 from __future__ import annotations
@@ -162,9 +165,15 @@ def _sets(d) -> list[str]:
             f"Keeping {names} in {hp} costs {d.share:.1%} of GEMM FLOPs (budget {d.budget:.1%}, "
             "a ceiling)"
         )
-        if decided(d):
+        if decided(d) and d.predicted is not None:
+            share, lo, hi, n = d.predicted
+            text += (
+                f", predicted to close {_pct(share)} [{_pct(lo)}, {_pct(hi)}] of the FP4 gap (the "
+                f"set kept against all-FP4, measured on stage 1's {n} samples)."
+            )
+        elif decided(d):
             text += f", predicted to close {_pct(choose.predicted_share(t, d.chosen, d.score))} "
-            text += "of the FP4 gap."
+            text += "of the FP4 gap (its GEMMs' scores added)."
         else:
             text += ": no share of the gap is predicted while the ranking is not decided."
         out.append(text)
@@ -182,8 +191,9 @@ def _sets(d) -> list[str]:
             "predicted share is below the FLOP share): "
             + ", ".join(
                 f"{_name(r.layer, r.gemm)} (rank {r.rank}, {r.flop_share:.1%} of FLOPs)"
-                for r in cheap.itertuples()
+                for r in cheap.head(3).itertuples()
             )
+            + (f" and {len(cheap) - 3} more (skipped.csv)" if len(cheap) > 3 else "")
             + "."
         )
     unresolved = int(len(t) - len(d.chosen) - len(d.skipped))
@@ -191,10 +201,14 @@ def _sets(d) -> list[str]:
         out.append(f"{unresolved} GEMMs whose {d.score} interval reaches zero are not kept.")
     if d.reaching and decided(d):
         share = choose.share(t, d.reaching)
+        whole = choose.total(t, d.score)
+        added = float(t[d.score].clip(lower=0).sum()) / whole if whole > 0 else float("nan")
         out.append(
-            f"The cheapest set predicted to close {_pct(d.target)} of the gap: "
+            f"The cheapest set predicted to close {_pct(d.target)} of the gap by its GEMMs' "
+            "scores added: "
             + ", ".join(_name(*c) for c in d.reaching)
-            + f" ({share:.1%} of FLOPs)."
+            + f" ({share:.1%} of FLOPs; all single scores add up to {added:.2f}x the all-FP4 "
+            "model's own, a measure of how far they are from additive)."
         )
     return out
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4lab.analysis.intervals import t_interval
+from fp4lab.analysis.intervals import fieller_interval, t_interval
 from fp4lab.schema import GEMMS
 
 __all__ = [
@@ -56,6 +56,8 @@ __all__ = [
     "agreement",
     "rank",
     "tied_at_top",
+    "kept_gates",
+    "kept_share",
 ]
 
 SCORES = (
@@ -184,3 +186,39 @@ def tied_at_top(ranked: pd.DataFrame, score: str) -> int | None:
         return None
     reach = np.flatnonzero(ranked[f"{score}_hi"].to_numpy(np.float64) >= lo)
     return int(reach.max()) + 1 if reach.size else 1
+
+
+def kept_gates(sites, chosen) -> np.ndarray:
+    """Gate rows (2, 3 * sites) of the all-FP4 model and of the model with the set `chosen`
+    [(layer, gemm)] kept in high precision (their gates 0), the rest quantized."""
+    index = {
+        (site.layer, g): 3 * i + j for i, site in enumerate(sites) for j, g in enumerate(GEMMS)
+    }
+    rows = np.ones((2, 3 * len(sites)), np.float32)
+    rows[1, [index[tuple(c)] for c in chosen]] = 0
+    return rows
+
+
+def kept_share(measured, score: str, *, level: float = 0.95):
+    """The share of the all-FP4 model's `score` measure that keeping the set removes, measured
+    (not added up from single GEMMs): mean_s (m_fp4 - m_set) / mean_s m_fp4 over the samples
+    of `measured` (`stage1.replay` of `kept_gates`), with Fieller's interval of the ratio of
+    paired means. (estimate, lo, hi, samples); None for a score that is not a share of a
+    step's loss decrease (`TOTALS`)."""
+    if score not in TOTALS:
+        return None
+    name = "step_loss" if score.endswith("step_loss") else "update_loss"
+    whole, kept = [], []
+    for out, shadow in measured:
+        m = np.asarray(out[name], np.float64)[:2]
+        if name == "step_loss":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                m = (m - shadow["step"]) / -shadow["step"]
+        whole.append(m[0])
+        kept.append(m[1])
+    whole, kept = np.asarray(whole), np.asarray(kept)
+    gain = whole - kept
+    with np.errstate(invalid="ignore", divide="ignore"):
+        estimate = float(gain.mean() / whole.mean())
+    lo, hi = fieller_interval(gain, whole, level)
+    return estimate, float(lo), float(hi), len(whole)

@@ -25,7 +25,7 @@ import pandas as pd
 from fp4lab.diagnosis import probe, scores
 from fp4lab.train.tasks import eval_batch
 
-__all__ = ["Stage1", "rounds", "measure"]
+__all__ = ["Stage1", "rounds", "measure", "replay"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,3 +124,19 @@ def _left(took: list[float], planned: int, budget: float | None, now: float) -> 
     if budget is not None and budget - now < left:
         text += f", the time budget leaves {max(budget - now, 0.0):.0f} s of it"
     return text
+
+
+def replay(measurer: probe.Probe, keys: dict, weights: list, steps: list[int], samples, gates):
+    """`gates` (V, 3 * sites) measured on the samples stage 1 ran (`samples`' checkpoint,
+    batch and quant columns): [(out, shadow)] of `Probe.measure`, one per sample in the order
+    of `measure` (a new shape of variants: one more compile)."""
+    ran = samples[["checkpoint", "batch", "quant"]].drop_duplicates()
+    at = dict(zip(steps, weights, strict=True))
+    rests, got = {}, []
+    for (b, q), group in ran.groupby(["batch", "quant"], sort=False):
+        if q not in rests:
+            rests[q] = measurer.rest_for(keys, probe.quant_keys([q])[0])
+        data = eval_batch(measurer.task, keys, int(b))
+        for step in group["checkpoint"]:
+            got.append(measurer.measure(at[int(step)], rests[q], data, gates))
+    return got

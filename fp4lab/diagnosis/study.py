@@ -65,6 +65,9 @@ class Diagnosis:
     trained_s: float = 0.0  # stage 2: the training runs' own seconds (a resumed call: earlier)
     sets: dict = dataclasses.field(default_factory=dict)  # stage 2's sets: {cell: [(l, g)]}
     over_budget: str = ""  # why no GEMM fits the budget, in words (`choose.over_budget`)
+    # the share of the all-FP4 measure keeping `chosen` removes, the set itself measured at
+    # stage 1 (`scores.kept_share`: estimate, lo, hi, samples); None: no set or no such score
+    predicted: tuple | None = None
 
     @property
     def rules_source(self) -> str:
@@ -268,6 +271,12 @@ def diagnose(
     )  # fmt: skip
     table = scores.rank(scores.summarize(measured.samples, measurer.sites, level=level), score)
     chosen = choose.top(table, budget, score)
+    compiles = measurer.compiles()  # of the program that measures every variant
+    predicted = None
+    if chosen:
+        gates = scores.kept_gates(measurer.sites, chosen)
+        replayed = stage1.replay(measurer, keys, weights, steps, measured.samples, gates)
+        predicted = scores.kept_share(replayed, score, level=level)
     result = Diagnosis(
         table=table,
         samples=measured.samples,
@@ -283,10 +292,11 @@ def diagnose(
         recipe=recipe,
         hp=hp,
         stage1_s=time.perf_counter() - start,
-        compiles=measurer.compiles(),
+        compiles=compiles,
         planned=measured.planned,
         excluded=excluded,
         over_budget=choose.over_budget(table, budget),
+        predicted=predicted,
     )
     if verify:
         folder = Path(out) / "verify"

@@ -1,12 +1,14 @@
 """Sets within a FLOP budget, and rules that quantize_model and Config take as they are."""
 
 import jax
+import numpy as np
 import pandas as pd
 import pytest
 from flax import nnx
 
 import fp4lab as fl
-from fp4lab.diagnosis import choose, scores
+from fp4lab.analysis.intervals import fieller_interval
+from fp4lab.diagnosis import choose, gate, scores
 
 # three layers by depth; c costs half of all FLOPs
 TABLE = pd.DataFrame(
@@ -166,3 +168,24 @@ def test_the_cheapest_set_reaching_a_predicted_share():
     assert choose.predicted_share(ranked, [("a", "wgrad")], "own_error") == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="target"):
         choose.reaching(ranked, 0, "own_error")
+
+
+def test_the_set_s_predicted_share_is_measured_with_the_set_kept():
+    sites = [gate.Site(layer, 0, 0, depth, 1) for depth, layer in enumerate("ab")]
+    rows = scores.kept_gates(sites, [("b", "wgrad"), ("a", "fprop")])
+    assert rows.tolist() == [[1] * 6, [0, 1, 1, 1, 1, 0]]
+    # per sample: the shadow's step decrease, all-FP4's and the set's (step_loss: the loss change)
+    shadow = [-1.0, -2.0, -1.0, -4.0]
+    fp4 = [-0.5, -1.0, -0.6, -2.0]  # shares lost: 0.5, 0.5, 0.4, 0.5
+    kept = [-0.9, -1.8, -0.95, -3.6]  # 0.1, 0.1, 0.05, 0.1
+    measured = [
+        ({"step_loss": np.array([f, k]), "update_loss": np.array([0.5, 0.25])}, {"step": s})
+        for s, f, k in zip(shadow, fp4, kept, strict=True)
+    ]
+    share, lo, hi, n = scores.kept_share(measured, "alone_step_loss")
+    whole, left = np.array([0.5, 0.5, 0.4, 0.5]), np.array([0.1, 0.1, 0.05, 0.1])
+    assert n == 4 and share == pytest.approx((whole - left).mean() / whole.mean())  # 0.8
+    assert (lo, hi) == pytest.approx(fieller_interval(whole - left, whole))
+    assert lo < share < hi
+    assert scores.kept_share(measured, "removed_update_loss")[0] == pytest.approx(0.5)
+    assert scores.kept_share(measured, "own_error") is None  # no all-FP4 measure to share

@@ -31,7 +31,12 @@ def test_the_default_score_ranks_the_culprit_first_and_apart(plant):
     assert scores.tied_at_top(t, d.score) == 1 and "apart from the rest" in d.summary
     ranks = t.set_index(["layer", "gemm"])["rank"]
     assert ranks[planted.DECOY] > len(t) / 2  # the decoy: among the least sensitive
-    assert d.chosen[0] == planted.CULPRIT[plant]
+    # the set holds the culprit and nothing that does not buy its FLOPs: no decoy
+    assert d.chosen == [planted.CULPRIT[plant]]
+    assert planted.DECOY not in set(zip(d.skipped["layer"], d.skipped["gemm"], strict=True))
+    assert "predicted to close" in d.summary  # a decided ranking: a prediction
+    # no sign bias: under Adam the score is >= 0 (up to eps) for every GEMM
+    assert (t[d.score] > -1e-6).all()
     # the gradient's relative error puts the decoy (large error, no effect) above the Fprop
     # culprit: the failure this score replaces
     if plant == "fprop":
@@ -52,6 +57,15 @@ def test_with_no_plant_the_summary_says_the_ranking_is_not_decided():
     assert f"is not decided: the first, {first} (" in alone.summary
     assert "stands apart but by less than 2x the second" in alone.summary
     assert "no GEMM stands out" in alone.summary
+
+
+@pytest.mark.parametrize("plant, moved", [("fprop+wgrad", False), ("fprop", True)])
+def test_two_culprits_of_different_kinds_and_moved_plants_are_both_kept(plant, moved):
+    d = fl.diagnose(experiment=planted.__file__, budget=0.25,
+                    config={"task_args": {"plant": plant, "moved": moved}}, **SMALL)  # fmt: skip
+    culprits = planted.culprits(plant, moved)
+    assert set(culprits) <= set(d.chosen) and planted.DECOY not in d.chosen
+    assert (d.table[d.score] > -1e-6).all()
 
 
 def test_too_few_samples_are_said_in_words_not_as_nan(tmp_path, capsys):
