@@ -57,8 +57,11 @@ def check(case: str, out: Path, truth: bool) -> tuple[bool, str]:
     d = fl.diagnose(experiment=planted.__file__, config={"task_args": task_args}, verify=True,
                     out=out / case.replace("@", "-"), progress=False, **STAGE1)  # fmt: skip
     culprits = planted.culprits(plant, moved)
-    predicted = choose.predicted_share(d.table, d.chosen, d.score) if report.decided(d) else None
-    said = "no prediction" if predicted is None else f"predicted {predicted:.0%}"
+    said = "no prediction"
+    if report.decided(d) and d.predicted is not None:
+        share, lo, hi, _ = d.predicted
+        added = choose.predicted_share(d.table, d.chosen, d.score)
+        said = f"predicted {share:.0%} [{lo:.0%}, {hi:.0%}] (scores added {added:.0%})"
     line += f" set {[f'{layer} {g}' for layer, g in d.chosen]} ({d.share:.1%} of FLOPs), {said}"
     if "top-k" in d.sets:
         g = d.gap.set_index("cell")

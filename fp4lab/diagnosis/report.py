@@ -178,11 +178,15 @@ def _sets(d) -> list[str]:
             text += ": no share of the gap is predicted while the ranking is not decided."
         out.append(text)
     budget = d.skipped[d.skipped["why"] == "budget"] if len(d.skipped) else d.skipped
-    for row in budget.itertuples():
+    if len(budget):
         out.append(
-            f"Left out by the budget although worth keeping: {_name(row.layer, row.gemm)} "
-            f"(rank {row.rank}, {row.flop_share:.1%} of FLOPs; keeping it as well costs "
-            f"{row.with_it:.1%})."
+            "Left out by the budget although worth keeping: "
+            + "; ".join(
+                f"{_name(row.layer, row.gemm)} (rank {row.rank}, {row.flop_share:.1%} of FLOPs; "
+                f"keeping it as well costs {row.with_it:.1%})"
+                for row in budget.itertuples()
+            )
+            + "."
         )
     cheap = d.skipped[d.skipped["why"] != "budget"] if len(d.skipped) else d.skipped
     if len(cheap):
