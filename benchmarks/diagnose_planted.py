@@ -1,8 +1,9 @@
 """The full check of `diagnose` on the planted models of tests/diagnosis/planted.py: per case,
 stage 1 (3 checkpoints x 3 batches x 3 quant seeds) and stage 2 (top-k against 3 random draws
-and last-blocks, 4 seeds, 40 steps), with the predicted share of the recommended set beside
-the share stage 2 verifies (the calibration table of docs/diagnose.md); with --truth also the
-ground truth (each GEMM trained alone quantized, 3 seeds).
+and last-blocks, 4 seeds, 40 steps; budget 10 %, 20 % for the two culprits), with the
+predicted share of the recommended set beside the share stage 2 verifies (the calibration
+table of docs/diagnose.md); with --truth also the ground truth (each GEMM trained alone
+quantized, 3 seeds).
 
     python benchmarks/diagnose_planted.py                      # every case
     python benchmarks/diagnose_planted.py --cases fprop,none --truth --out planted-check
@@ -38,6 +39,8 @@ from fp4lab.diagnosis import choose, report  # noqa: E402
 
 STAGE1 = dict(checkpoints=(0, 20, 40), batches=3, quant_seeds=3, time_budget=None)
 CASES = ("fprop", "dgrad", "wgrad", "fprop@moved", "dgrad@moved", "fprop+wgrad", "none")
+# the budget (a ceiling) of each case, default 10 %: the two culprits cost 14.3 % together
+BUDGET = {"fprop+wgrad": 0.2}
 
 
 def check(case: str, out: Path, truth: bool) -> tuple[bool, str]:
@@ -54,8 +57,10 @@ def check(case: str, out: Path, truth: bool) -> tuple[bool, str]:
             f" decoy {t.loc[planted.DECOY, 'truth']:.1%};"
         )
     task_args = {"plant": plant, "moved": moved}
+    budget = BUDGET.get(case, 0.1)
     d = fl.diagnose(experiment=planted.__file__, config={"task_args": task_args}, verify=True,
-                    out=out / case.replace("@", "-"), progress=False, **STAGE1)  # fmt: skip
+                    out=out / case.replace("@", "-"), progress=False, budget=budget,
+                    **STAGE1)  # fmt: skip
     culprits = planted.culprits(plant, moved)
     said = "no prediction"
     if report.decided(d) and d.predicted is not None:

@@ -23,7 +23,7 @@ from fp4lab.schema import GEMMS
 __all__ = ["summary", "decided", "MARGIN", "LOW_AGREEMENT", "DISAGREE"]
 
 # the first is "apart" only at MARGIN times the second or more: on the planted models the
-# culprit scores 5-35x the next GEMM, on the model without a plant the first 1.8x
+# culprit scores 6-24x the next GEMM, on the model without a plant the first 2.8x (27 samples)
 MARGIN = 2.0
 LOW_AGREEMENT = 0.5  # a median Spearman correlation with the other scores below this: "disagree"
 DISAGREE = 3.0  # gaps on the two losses further apart than this factor (or of opposite sign)

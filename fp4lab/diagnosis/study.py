@@ -9,9 +9,10 @@
 Stage 1 (`fp4lab.diagnosis.probe`, `scores`): the model under the FP4 recipe with a gate per
 layer and GEMM (`gate`), at a few checkpoints of a short run under that recipe, on several
 held-out batches and quant seeds: every GEMM alone quantized, every GEMM alone kept in high
-precision, the all-FP4 model and the shadow, in one compiled program. The ranking's first
-GEMMs within a FLOP budget are the recommended set (`choose`); stage 2 (`verify`) trains it
-against all-FP4, all-high-precision, random GEMMs and the last layers at the same FLOP share.
+precision, the all-FP4 model and the shadow, in one compiled program. The ranking's GEMMs
+worth keeping within a FLOP budget (a ceiling) are the recommended set (`choose`), its share of
+the gap measured with the set kept (`scores.kept_share`); stage 2 (`verify`) trains it against
+all-FP4, all-high-precision, random GEMMs and the last layers within its FLOP share.
 """
 
 from __future__ import annotations

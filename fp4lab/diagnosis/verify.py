@@ -6,9 +6,9 @@ resumes, finished runs are skipped), each on the same seed triples (i, i, i):
     fp4          every GEMM under the recipe
     hp           every GEMM in the high-precision recipe (BF16 by default)
     top-k        the ranking's set kept in high precision (`choose.top`)
-    random-k:j   random GEMMs at the nearest share of GEMM FLOPs, draw j (`choose.random_sets`);
+    random-k:j   random GEMMs within top-k's share of GEMM FLOPs, draw j (`choose.random_sets`);
                  "random-k" in the tables is their mean per seed triple
-    last-blocks  whole layers from the deepest up at the nearest share (`choose.last`)
+    last-blocks  whole layers from the deepest up within that share (`choose.last`)
 
 `gap_table` reads an outcome of the runs (`eval_hp`, the held-out loss of the trained weights
 under a high-precision forward, or `eval_loss`, the same under the run's own forward) and
