@@ -16,9 +16,10 @@ the same weights, batch and quantization keys, and compares each variant with th
     step_loss    -lr <g, u(g_v)>: the first-order loss change of the optimizer's first step
                  along g_v, u its update (Adam: g_v / (|g_v| + eps), every weight moved by lr
                  in its gradient's sign; SGD: g_v); the shadow's own is `step`. First order
-                 only: the step's curvature term, (lr^2 / 2) u'Hu, is smaller for any update
-                 less aligned with g than the shadow's, so it credits a noisier gradient with
-                 a larger loss decrease (docs/diagnose.md: the sign bias it removes)
+                 only: the step's curvature term, (lr^2 / 2) u'Hu, is typically largest for
+                 the shadow's own update (aligned with g, so with the directions of high
+                 curvature), so the whole step credits a noisier gradient with a larger loss
+                 decrease (docs/diagnose.md: the sign bias this removes)
     y, dy        (V, sites): ||a_v - a|| / ||a|| of each layer's output and of the cotangent
                  arriving at it (the accumulated drift, forward and backward)
     dx, dw       (V, sites): the same for the gradients each layer's Dgrad and Wgrad give

@@ -46,6 +46,9 @@ def test_the_default_score_ranks_the_culprit_first_and_apart(plant):
         and 0.5 < lo <= share <= hi
         and f"predicted to close {100 * share:.0f} %" in d.summary
     )
+    # a decided ranking: the other scores' order is no news, however low their agreement
+    low = d.agreement * 0 + 0.1
+    assert "disagree" not in dataclasses.replace(d, agreement=low).summary
     # no sign bias: under Adam the score is >= 0 (up to eps) for every GEMM
     assert (t[d.score] > -1e-6).all()
     # the gradient's relative error puts the decoy (large error, no effect) above the Fprop
@@ -71,6 +74,10 @@ def test_with_no_plant_no_gemm_takes_a_culprit_s_share_and_an_undecided_ranking_
     assert "no share of the gap is predicted while the ranking is not decided" in undecided.summary
     assert "predicted to close" not in undecided.summary
     assert re.search(r"About \d+ samples per GEMM \(now 8: more batches", undecided.summary)
+    low = dataclasses.replace(undecided, agreement=d.agreement * 0 + 0.1)
+    assert "The scores disagree as well (Spearman with alone_step_loss: " in low.summary
+    high = dataclasses.replace(undecided, agreement=d.agreement * 0 + 0.9)
+    assert "disagree" not in high.summary
     # with its interval clear of the rest but by less than 2x the second: no sample count helps
     alone = tied.assign(alone_step_loss_lo=[0.03, *[0.0] * 14])
     alone["alone_step_loss_hi"] = [1.0, *[0.02] * 14]
