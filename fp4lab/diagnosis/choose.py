@@ -74,13 +74,13 @@ def share(table: pd.DataFrame, chosen) -> float:
 def _fill(table: pd.DataFrame, order, budget: float) -> list[tuple[str, str]]:
     """Entries of `order` (row positions of `table`) in turn, each that still fits the budget
     (a ceiling: possibly none)."""
-    flops = table["flops"].to_numpy(np.float64)
-    total = flops.sum()
+    cost = table["flops"].to_numpy(np.float64)
+    cost = cost / cost.sum()
     chosen, used = [], 0.0
     for i in order:
-        if _within(used + flops[i] / total, budget):
+        if _within(used + cost[i], budget):
             chosen.append((table["layer"].iloc[i], table["gemm"].iloc[i]))
-            used += flops[i] / total
+            used += cost[i]
     return chosen
 
 
