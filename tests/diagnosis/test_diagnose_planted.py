@@ -1,7 +1,10 @@
-"""The default score on planted models (planted.py): the culprit first, the decoy below it, and a
-model with no plant left undecided; the ground truth of the subtlest plant, measured by training.
+"""The default score on planted models (planted.py): the culprit first and in the set, the decoy
+last and out of it, two culprits and moved plants kept, no score below zero; on the model with
+no plant no culprit-sized share, and an undecided ranking predicts nothing; the ground truth of
+the subtlest plant, measured by training.
 
-The full check (every plant's ground truth and stage 2) is benchmarks/diagnose_planted.py.
+The full check (every case's stage 2, the ground truth with --truth) is
+benchmarks/diagnose_planted.py.
 """
 
 import dataclasses
