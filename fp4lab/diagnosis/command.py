@@ -161,7 +161,7 @@ def main(args) -> int:
     print(f"\n# kept in {d.hp}: {d.share:.1%} of GEMM FLOPs (budget {d.budget:.1%})")
     print(d.rules_source)
     if len(d.skipped):
-        print("# ranked above a kept GEMM, left out by the budget:")
+        print("# left out of the set, and why (the budget, or not worth their FLOPs):")
         print(d.skipped.to_string(index=False, float_format=lambda x: f"{x:.4g}") + "\n")
     if d.gap is not None:
         print(d.gap.to_string(index=False, float_format=lambda x: f"{x:.4g}"))

@@ -13,6 +13,13 @@ the same weights, batch and quantization keys, and compares each variant with th
     grad_cos     cos(g_v, g)
     update_loss  1 - <g, g_v> / ||g||^2: the share of the first-order loss decrease of one
                  gradient step that a step along g_v loses (the step size cancels)
+    step_loss    -lr <g, u(g_v)>: the first-order loss change of the optimizer's first step
+                 along g_v, u its update (Adam: g_v / (|g_v| + eps), every weight moved by lr
+                 in its gradient's sign; SGD: g_v); the shadow's own is `step`. First order
+                 only: the step's curvature term, (lr^2 / 2) u'Hu, is typically largest for
+                 the shadow's own update (aligned with g, so with the directions of high
+                 curvature), so the whole step credits a noisier gradient with a larger loss
+                 decrease (docs/diagnose.md: the sign bias this removes)
     y, dy        (V, sites): ||a_v - a|| / ||a|| of each layer's output and of the cotangent
                  arriving at it (the accumulated drift, forward and backward)
     dx, dw       (V, sites): the same for the gradients each layer's Dgrad and Wgrad give
@@ -117,20 +124,14 @@ class Probe:
         out, shadow = self._compiled[shapes](*args)
         return {k: np.asarray(v) for k, v in out.items()}, {k: float(v) for k, v in shadow.items()}
 
-    def _step_loss(self, params, rest, batch, grads, loss):
-        """The shadow forward's loss after one first optimizer step along `grads`, less `loss`."""
-        kind, lr, eps = self.step
-        if kind == "adamw":
-            moved = jax.tree.map(lambda p, g: p - lr * g / (jnp.abs(g) + eps), params, grads)
-        else:
-            moved = jax.tree.map(lambda p, g: p - lr * g, params, grads)
-        model = nnx.merge(self.graphdef, moved, jax.tree.map(lambda a: a, rest))
-        gate.set_gates(model, jnp.zeros(3 * len(self.sites), jnp.float32))
-        return self.task.loss(model, batch) - loss
+    def _update(self, g):
+        """The optimizer's first update direction of a flat gradient `g` (Adam: g / (|g| +
+        eps), every weight moved by lr in its gradient's sign; SGD: g)."""
+        kind, _, eps = self.step
+        return g / (jnp.abs(g) + eps) if kind == "adamw" else g
 
     def _outputs(self, params, rest, batch, gates):
-        """(loss, flat gradient, {kind: [per-site tensors]}, Param gradients) of one gate
-        vector."""
+        """(loss, flat gradient, {kind: [per-site tensors]}) of one gate vector."""
         # the model's own copies of the state: merge may reuse the state's variables, and the
         # gates, counters, outputs and taps are written below (each call from the same keys)
         model = nnx.merge(self.graphdef, params, jax.tree.map(lambda a: a, rest))
@@ -150,17 +151,18 @@ class Probe:
             for kind, name in lanes.items():
                 a = getattr(op, name)[...]
                 tensors[kind].append(a[site.row] if op.stacked else a)
-        return loss, flat, tensors, g_params
+        return loss, flat, tensors
 
     def _program(self, params, rest, batch, gates):
         self._traces += 1
         zeros = jnp.zeros(gates.shape[-1], jnp.float32)
-        loss_s, g_s, t_s, tree_s = self._outputs(params, rest, batch, zeros)
+        loss_s, g_s, t_s = self._outputs(params, rest, batch, zeros)
         norm2 = jnp.maximum(jnp.vdot(g_s, g_s), jnp.finfo(jnp.float32).tiny)
-        shadow = {"loss": loss_s, "step": self._step_loss(params, rest, batch, tree_s, loss_s)}
+        lr = self.step[1]
+        shadow = {"loss": loss_s, "step": -lr * jnp.vdot(g_s, self._update(g_s))}
 
         def one(params, rest, row):
-            loss, g, t, tree = self._outputs(params, rest, batch, row)
+            loss, g, t = self._outputs(params, rest, batch, row)
             out = {
                 k: jnp.stack([relative_drift(a, b) for a, b in zip(t[k], t_s[k], strict=True)])
                 for k in KINDS
@@ -169,7 +171,7 @@ class Probe:
             out["grad_rel"] = relative_drift(g, g_s)
             out["grad_cos"] = cosine(g, g_s)
             out["update_loss"] = 1 - jnp.vdot(g_s, g) / norm2
-            out["step_loss"] = self._step_loss(params, rest, batch, tree, loss_s)
+            out["step_loss"] = -lr * jnp.vdot(g_s, self._update(g))
             return out
 
         # chunks of rows under vmap, one after another under scan; the weights ride in the

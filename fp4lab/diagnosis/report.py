@@ -1,13 +1,16 @@
 """What a `Diagnosis` says in words: the summary paragraph `fp4lab diagnose` prints last.
 
-Stage 1: the samples (and when the time budget cut them, or too few give no interval), the
-ranking and whether it is decided (`scores.tied_at_top`: "the first k cannot be told apart";
-a first apart by less than `MARGIN` times the second: "no GEMM stands out"),
-low agreement between the scores, the recommended set, every higher-ranked GEMM the FLOP budget
-left out with what keeping it would cost, and the cheapest set predicted to reach the target
-share of the gap. Stage 2, its first words on whether the FP4 gap is resolved at all, then the
-shares closed on both losses (and whether they disagree), random-k's draws and their spread,
-last-blocks at its own share, and the verdicts.
+Stage 1: the samples (and when the time budget cut them, which streams they cover; when too
+few give no interval), the ranking and whether it is decided (`decided`; `scores.tied_at_top`:
+"the first k cannot be told apart", with the samples that would part them; a first apart by
+less than `MARGIN` times the second: "no GEMM stands out"), low agreement between the scores
+(only where the ranking is not decided), the recommended set, what the budget or the rule of
+`choose.worth` left out, and, only where the ranking is decided, the set's predicted share
+(the set measured at stage 1, `scores.kept_share`) and the cheapest set whose GEMMs' scores
+added reach the target share of the gap. Stage 2, its first words on whether the FP4 gap is
+resolved at all, then the shares closed on both losses (and whether they disagree), random-k's
+draws and their spread, last-blocks at its own share, and the verdicts; a cell it has no set
+for is said in words.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ import numpy as np
 from fp4lab.diagnosis import choose, scores
 from fp4lab.schema import GEMMS
 
-__all__ = ["summary", "MARGIN", "LOW_AGREEMENT", "DISAGREE"]
+__all__ = ["summary", "decided", "MARGIN", "LOW_AGREEMENT", "DISAGREE"]
 
 # the first is "apart" only at MARGIN times the second or more: on the planted models the
-# culprit scores 5-35x the next GEMM, on the model without a plant the first 1.8x
+# culprit scores 6-24x the next GEMM, on the model without a plant the first 2.8x (27 samples)
 MARGIN = 2.0
 LOW_AGREEMENT = 0.5  # a median Spearman correlation with the other scores below this: "disagree"
 DISAGREE = 3.0  # gaps on the two losses further apart than this factor (or of opposite sign)
@@ -51,6 +54,39 @@ def _hp(d) -> str:
     return d.hp if isinstance(d.hp, str) else getattr(d.hp, "name", "high precision")
 
 
+def decided(d) -> bool:
+    """Whether stage 1's ranking is decided: the first's interval clear of every other's and
+    its mean at least `MARGIN` times the second's."""
+    t, s = d.table, d.score
+    tied = scores.tied_at_top(t, s)
+    return tied == 1 and (len(t) < 2 or t[s].iloc[0] >= MARGIN * max(t[s].iloc[1], 0.0))
+
+
+def _samples_needed(t, s) -> int | None:
+    """Samples per GEMM at which the first and the second's intervals would part if their
+    means and spreads held (half-widths shrink as 1/sqrt(n)); None where the means are equal."""
+    n = int(t["samples"].iloc[0])
+    first, second = t.iloc[0], t.iloc[1]
+    apart = first[s] - second[s]
+    widths = (first[s] - first[s + "_lo"]) + (second[s + "_hi"] - second[s])
+    if not (apart > 0 and np.isfinite(widths)):
+        return None
+    return int(np.ceil(n * (widths / apart) ** 2)) + 1
+
+
+def _streams(d) -> str:
+    """Which held-out batches, quant seeds and checkpoints the samples cover, in words, when
+    the time budget cut stage 1 (its intervals carry no variation of a stream held at one)."""
+    words = {"checkpoint": "checkpoints", "batch": "held-out batches", "quant": "quant seeds"}
+    cover = {w: sorted(set(d.samples[k])) for k, w in words.items() if k in d.samples}
+    said = "; ".join(f"{w} {', '.join(map(str, v))}" for w, v in cover.items())
+    fixed = [w for w, v in cover.items() if len(v) == 1]
+    text = f"Its samples cover {said}"
+    if fixed:
+        text += f": its intervals carry no variation over {' or '.join(fixed)}"
+    return text + "."
+
+
 def _stage1(d) -> str:
     t, s = d.table, d.score
     n = int(t["samples"].iloc[0])
@@ -61,6 +97,7 @@ def _stage1(d) -> str:
     ]
     if d.planned and n < d.planned:
         parts.append(f"The time budget stopped it after {n} of {d.planned} samples.")
+        parts.append(_streams(d))
     if d.excluded:
         parts.append(f"Left in high precision and out of the diagnosis: {', '.join(d.excluded)}.")
     tied = scores.tied_at_top(t, s)
@@ -72,25 +109,35 @@ def _stage1(d) -> str:
             f"decided: ask for more samples (batches, quant seeds, checkpoints or a longer "
             f"time budget). Ranked by {s}, first {head}."
         )
-    elif tied == 1 and first[s] >= MARGIN * max(t[s].iloc[1], 0.0):
+    elif decided(d):
         parts.append(f"Ranked by {s}, first {head}, apart from the rest.")
     elif tied == 1:
         parts.append(
             f"The ranking by {s} is not decided: the first, {head}, stands apart but by less "
-            f"than {MARGIN:g}x the second ({t[s].iloc[1]:.3g}): no GEMM stands out."
+            f"than {MARGIN:g}x the second ({t[s].iloc[1]:.3g}): no GEMM stands out. More "
+            "samples only narrow the intervals; what would decide it is a GEMM that stands "
+            "out at later checkpoints (more steps), else FP4 hurts this model evenly."
         )
     else:
         names = ", ".join(_name(r.layer, r.gemm) for r in t.head(tied).itertuples())
+        need = _samples_needed(t, s)
+        more = (
+            f" About {need} samples per GEMM (now {n}: more batches, quant seeds or "
+            "checkpoints, or a longer time budget) would part the first two if their means "
+            "held; if those stay close, no GEMM stands out."
+            if need is not None
+            else ""
+        )
         parts.append(
             f"The ranking by {s} is not decided: the first {tied} cannot be told apart (their "
-            f"intervals reach the first's): {names}. First {head}."
+            f"intervals reach the first's): {names}. First {head}.{more}"
         )
     agree = d.agreement[s].drop(s).reindex([c for c in _RANKED if c != s]).dropna()
-    if len(agree) and float(agree.median()) < LOW_AGREEMENT:
+    if tied is not None and not decided(d) and len(agree) and agree.median() < LOW_AGREEMENT:
         parts.append(
-            f"The scores disagree (Spearman with {s}: "
+            f"The scores disagree as well (Spearman with {s}: "
             + ", ".join(f"{k} {v:.2f}" for k, v in agree.items())
-            + "): read the ranking with care and verify it."
+            + "): the other scores would order these GEMMs otherwise."
         )
     by_gemm = t.groupby("gemm")[s].mean().reindex(list(GEMMS))
     parts.append(
@@ -103,24 +150,69 @@ def _stage1(d) -> str:
 
 def _sets(d) -> list[str]:
     t, hp = d.table, _hp(d)
-    names = ", ".join(_name(*c) for c in d.chosen)
-    predicted = choose.predicted_share(t, d.chosen, d.score)
-    out = [
-        f"Keeping {names} in {hp} costs {d.share:.1%} of GEMM FLOPs (budget {d.budget:.1%}), "
-        f"predicted to close {_pct(predicted)} of the FP4 gap."
-    ]
-    for row in d.skipped.itertuples():
+    out = []
+    if d.over_budget:
+        out.append(f"Nothing is kept: {d.over_budget}.")
+    elif not d.chosen:
         out.append(
-            f"Left out by the budget although ranked higher: {_name(row.layer, row.gemm)} "
-            f"(rank {row.rank}, {row.flop_share:.1%} of FLOPs; keeping it as well costs "
-            f"{row.with_it:.1%})."
+            f"Nothing is kept: no GEMM's {d.score} is resolved above zero with a predicted "
+            "share of the gap at its lower end at least its share of the FLOPs (the rule of "
+            "`choose.worth`)."
         )
-    if d.reaching:
-        share = choose.share(t, d.reaching)
+    else:
+        names = ", ".join(_name(*c) for c in d.chosen)
+        text = (
+            f"Keeping {names} in {hp} costs {d.share:.1%} of GEMM FLOPs (budget {d.budget:.1%}, "
+            "a ceiling)"
+        )
+        if decided(d) and d.predicted is not None:
+            share, lo, hi, n = d.predicted
+            text += (
+                f", predicted to close {_pct(share)} [{_pct(lo)}, {_pct(hi)}] of the FP4 gap (the "
+                f"set kept against all-FP4, measured on stage 1's {n} samples)."
+            )
+        elif decided(d):
+            text += f", predicted to close {_pct(choose.predicted_share(t, d.chosen, d.score))} "
+            text += "of the FP4 gap (its GEMMs' scores added)."
+        else:
+            text += ": no share of the gap is predicted while the ranking is not decided."
+        out.append(text)
+    budget = d.skipped[d.skipped["why"] == "budget"] if len(d.skipped) else d.skipped
+    if len(budget):
         out.append(
-            f"The cheapest set predicted to close {_pct(d.target)} of the gap: "
+            "Left out by the budget although worth keeping: "
+            + "; ".join(
+                f"{_name(row.layer, row.gemm)} (rank {row.rank}, {row.flop_share:.1%} of FLOPs; "
+                f"keeping it as well costs {row.with_it:.1%})"
+                for row in budget.itertuples()
+            )
+            + "."
+        )
+    cheap = d.skipped[d.skipped["why"] != "budget"] if len(d.skipped) else d.skipped
+    if len(cheap):
+        out.append(
+            "Left out as not worth their FLOPs (resolved above zero, but the lower end of the "
+            "predicted share is below the FLOP share): "
+            + ", ".join(
+                f"{_name(r.layer, r.gemm)} (rank {r.rank}, {r.flop_share:.1%} of FLOPs)"
+                for r in cheap.head(3).itertuples()
+            )
+            + (f" and {len(cheap) - 3} more (skipped.csv)" if len(cheap) > 3 else "")
+            + "."
+        )
+    unresolved = int(len(t) - len(d.chosen) - len(d.skipped))
+    if unresolved and d.chosen:
+        out.append(f"{unresolved} GEMMs whose {d.score} interval reaches zero are not kept.")
+    if d.reaching and decided(d):
+        share = choose.share(t, d.reaching)
+        whole = choose.total(t, d.score)
+        added = float(t[d.score].clip(lower=0).sum()) / whole if whole > 0 else float("nan")
+        out.append(
+            f"The cheapest set predicted to close {_pct(d.target)} of the gap by its GEMMs' "
+            "scores added: "
             + ", ".join(_name(*c) for c in d.reaching)
-            + f" ({share:.1%} of FLOPs)."
+            + f" ({share:.1%} of FLOPs; all single scores add up to {added:.2f}x the all-FP4 "
+            "model's own, a measure of how far they are from additive)."
         )
     return out
 
@@ -155,29 +247,41 @@ def _stage2(d) -> str:
                 else "most of the FP4 gap is the quantized forward's own error, not the weights'."
             )
         )
+    if "top-k" not in d.sets:
+        parts.append("The recommended set is empty: stage 2 measured the FP4 gap alone.")
+        return " ".join(parts)
+    cells = [c for c in ("top-k", "last-blocks") if c in d.sets]
     parts.append(
         "Share of the gap closed: "
-        + "; ".join(
-            f"{c} {_closed(g, c)} at {g.loc[c, 'flop_share']:.1%} of FLOPs"
-            for c in ("top-k", "last-blocks")
-        )  # fmt: skip
+        + "; ".join(f"{c} {_closed(g, c)} at {g.loc[c, 'flop_share']:.1%} of FLOPs" for c in cells)
         + "."
     )
+    if "last-blocks" not in d.sets:
+        parts.append("No whole layer fits top-k's FLOP share: no last-blocks cell.")
     draws = g[g.index.str.startswith("random-k:")]["gap_closed"]
-    parts.append(
-        f"random-k ({len(draws)} draws at {g.loc['random-k', 'flop_share']:.1%} on average): "
-        f"their mean {_closed(g, 'random-k')}, the draws from {_pct(draws.min())} to "
-        f"{_pct(draws.max())}."
-    )
+    if len(draws):
+        parts.append(
+            f"random-k ({len(draws)} draws at {g.loc['random-k', 'flop_share']:.1%} on "
+            f"average): their mean {_closed(g, 'random-k')}, the draws from "
+            f"{_pct(draws.min())} to {_pct(draws.max())}."
+        )
+    else:
+        parts.append(
+            "No random set within top-k's FLOP share differs from top-k (at a budget that "
+            "keeps every GEMM every draw is the whole model): the ranking has no random "
+            "control, and nothing says it beats random."
+        )
     v = d.versus.set_index("against")
-    beats = v.loc["random-k", "verdict"] == "lower"
-    parts.append(
-        ("The ranking beats random-k" if beats else "The ranking does not beat random-k")
-        + f" (top-k - random-k eval_hp {v.loc['random-k', 'diff']:.3g}, "
-        f"{_interval(v.loc['random-k', 'diff_lo'], v.loc['random-k', 'diff_hi'])}: "
-        f"{v.loc['random-k', 'verdict']}); against last-blocks: "
-        f"{v.loc['last-blocks', 'verdict']}."
-    )
+    if "random-k" in v.index:
+        beats = v.loc["random-k", "verdict"] == "lower"
+        parts.append(
+            ("The ranking beats random-k" if beats else "The ranking does not beat random-k")
+            + f" (top-k - random-k eval_hp {v.loc['random-k', 'diff']:.3g}, "
+            f"{_interval(v.loc['random-k', 'diff_lo'], v.loc['random-k', 'diff_hi'])}: "
+            f"{v.loc['random-k', 'verdict']})."
+        )
+    if "last-blocks" in v.index:
+        parts.append(f"Against last-blocks: {v.loc['last-blocks', 'verdict']}.")
     return " ".join(parts)
 
 

@@ -12,12 +12,14 @@ Every score is "higher = more sensitive", per sample (a checkpoint, a batch and 
     alone_grad_angle     1 - cos(g_v, g), the same
     alone_update_loss    share of one gradient step's first-order loss decrease lost
                          (1 - <g, g_v> / ||g||^2), the same
-    alone_step_loss      the share of one optimizer step's loss decrease (under the
-                         high-precision forward, on the batch) that a step along g_v loses:
-                         (step_v - step) / -step, step the shadow's own (`probe.Probe`: Adam's
-                         first step moves every weight by lr in the sign of its gradient, so
-                         an error on weights the loss does not feel costs nothing, and noise on
-                         weights it does costs their share), the same
+    alone_step_loss      the share of one optimizer step's first-order loss decrease (the
+                         high-precision loss's gradient g, on the batch) that a step along g_v
+                         loses: (step_v - step) / -step = 1 - <g, u(g_v)> / <g, u(g)>, u the
+                         optimizer's first update (`probe.Probe`: Adam's first step moves
+                         every weight by lr in the sign of its gradient, so an error on weights
+                         the loss does not feel costs nothing, and a sign flipped on a weight
+                         it does costs twice that weight's |g|: under Adam the score is >= 0
+                         up to eps), the same
     alone_loss           loss_v - loss (the forward's effect on the loss), the same; negative
                          where the quantized forward fits the batch better than the shadow
                          (weights trained under FP4 have adapted to its rounding)
@@ -25,6 +27,9 @@ Every score is "higher = more sensitive", per sample (a checkpoint, a batch and 
                          only this GEMM kept in high precision: the drift keeping it removes
     removed_bwd, removed_grad_rel, removed_update_loss, removed_step_loss   the same for
                          those measures
+
+Each row also carries the all-FP4 model's own `fp4_step_loss` and `fp4_update_loss` (the same
+in every row of a sample): the whole of what a share score is a share of (`TOTALS`).
 
 `summarize` gives each score's mean over the samples with a t-interval (the samples are
 treated as independent draws; they are a crossed design of checkpoints, batches and quant
@@ -38,18 +43,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4lab.analysis.intervals import t_interval
+from fp4lab.analysis.intervals import fieller_interval, t_interval
 from fp4lab.schema import GEMMS
 
 __all__ = [
     "SCORES",
     "SHARES",
+    "TOTALS",
     "DEFAULT",
     "sample_rows",
     "summarize",
     "agreement",
     "rank",
     "tied_at_top",
+    "kept_gates",
+    "kept_share",
 ]
 
 SCORES = (
@@ -69,6 +77,13 @@ SCORES = (
 )
 # scores that are shares of one step's loss decrease: drawn on one scale, (0, 1), for every model
 SHARES = ("alone_update_loss", "alone_step_loss", "removed_update_loss", "removed_step_loss")
+# the all-FP4 model's own measure of each share score: the whole its shares are shares of
+TOTALS = {
+    "alone_step_loss": "fp4_step_loss",
+    "removed_step_loss": "fp4_step_loss",
+    "alone_update_loss": "fp4_update_loss",
+    "removed_update_loss": "fp4_update_loss",
+}
 DEFAULT = "alone_step_loss"  # the ranking score, validated on planted models (docs/diagnose.md)
 _LANE = {"fprop": "y", "dgrad": "dx", "wgrad": "dw"}
 
@@ -114,6 +129,8 @@ def sample_rows(out: dict, shadow: dict, sites, sample: dict) -> pd.DataFrame:
                 "removed_grad_rel": out["grad_rel"][0] - out["grad_rel"][kept],
                 "removed_update_loss": out["update_loss"][0] - out["update_loss"][kept],
                 "removed_step_loss": step[0] - step[kept],
+                "fp4_step_loss": step[0],
+                "fp4_update_loss": out["update_loss"][0],
             }
             rows.append(row)
     return pd.DataFrame(rows)
@@ -132,6 +149,9 @@ def summarize(samples: pd.DataFrame, sites, *, level: float = 0.95) -> pd.DataFr
         for score in SCORES:
             ci = t_interval(g[score].to_numpy(np.float64), level)
             row |= {score: ci.estimate, f"{score}_lo": ci.lo, f"{score}_hi": ci.hi}
+        for whole in dict.fromkeys(TOTALS.values()):
+            if whole in g:
+                row[whole] = float(g[whole].astype(np.float64).mean())
         rows.append(row)
     table = pd.DataFrame(rows)
     table["flop_share"] = table["flops"] / table["flops"].sum()
@@ -166,3 +186,39 @@ def tied_at_top(ranked: pd.DataFrame, score: str) -> int | None:
         return None
     reach = np.flatnonzero(ranked[f"{score}_hi"].to_numpy(np.float64) >= lo)
     return int(reach.max()) + 1 if reach.size else 1
+
+
+def kept_gates(sites, chosen) -> np.ndarray:
+    """Gate rows (2, 3 * sites) of the all-FP4 model and of the model with the set `chosen`
+    [(layer, gemm)] kept in high precision (their gates 0), the rest quantized."""
+    index = {
+        (site.layer, g): 3 * i + j for i, site in enumerate(sites) for j, g in enumerate(GEMMS)
+    }
+    rows = np.ones((2, 3 * len(sites)), np.float32)
+    rows[1, [index[tuple(c)] for c in chosen]] = 0
+    return rows
+
+
+def kept_share(measured, score: str, *, level: float = 0.95):
+    """The share of the all-FP4 model's `score` measure that keeping the set removes, measured
+    (not added up from single GEMMs): mean_s (m_fp4 - m_set) / mean_s m_fp4 over the samples
+    of `measured` (`stage1.replay` of `kept_gates`), with Fieller's interval of the ratio of
+    paired means. (estimate, lo, hi, samples); None for a score that is not a share of a
+    step's loss decrease (`TOTALS`)."""
+    if score not in TOTALS:
+        return None
+    name = "step_loss" if score.endswith("step_loss") else "update_loss"
+    whole, kept = [], []
+    for out, shadow in measured:
+        m = np.asarray(out[name], np.float64)[:2]
+        if name == "step_loss":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                m = (m - shadow["step"]) / -shadow["step"]
+        whole.append(m[0])
+        kept.append(m[1])
+    whole, kept = np.asarray(whole), np.asarray(kept)
+    gain = whole - kept
+    with np.errstate(invalid="ignore", divide="ignore"):
+        estimate = float(gain.mean() / whole.mean())
+    lo, hi = fieller_interval(gain, whole, level)
+    return estimate, float(lo), float(hi), len(whole)

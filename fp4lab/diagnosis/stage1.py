@@ -10,7 +10,8 @@ each round at every checkpoint, in an order whose every prefix spreads over batc
 estimated time (a measurement's median time, the compile left out) stays within it; at least
 one round runs. After the first measurement (its compile timed apart) and every round, the
 progress line says how many samples are done, the seconds so far and an estimate of the
-seconds left.
+seconds the rest of the design would take, and what the time budget leaves of them when it is
+shorter.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pandas as pd
 from fp4lab.diagnosis import probe, scores
 from fp4lab.train.tasks import eval_batch
 
-__all__ = ["Stage1", "rounds", "measure"]
+__all__ = ["Stage1", "rounds", "measure", "replay"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,11 +97,11 @@ def measure(
                 if progress:
                     left = _left(took, planned, time_budget, now + took[0] + compile_s)
                     _say(f"1/{planned} samples in {took[0] + compile_s:.0f} s ({compile_s:.0f} s "
-                         f"compiling); the rest about {left:.0f} s")  # fmt: skip
+                         f"compiling); {left}")  # fmt: skip
         if progress and r + 1 < len(plan):
             now = spent + time.perf_counter() - start
-            _say(f"{len(rows)}/{planned} samples, {now:.0f} s; about "
-                 f"{_left(took, planned, time_budget, now):.0f} s left")  # fmt: skip
+            _say(f"{len(rows)}/{planned} samples, {now:.0f} s; "
+                 f"{_left(took, planned, time_budget, now)}")  # fmt: skip
     return Stage1(
         samples=pd.concat(rows, ignore_index=True),
         planned=planned,
@@ -115,7 +116,27 @@ def _each(took: list[float]) -> float:
     return later[len(later) // 2] if later else took[0]
 
 
-def _left(took: list[float], planned: int, budget: float | None, now: float) -> float:
-    """Seconds the samples not yet measured take, capped by the time budget."""
+def _left(took: list[float], planned: int, budget: float | None, now: float) -> str:
+    """The seconds the samples not yet measured would take, in words, and (when the time budget
+    is shorter) the seconds it leaves: an estimate and the cap, each said as what it is."""
     left = _each(took) * (planned - len(took))
-    return left if budget is None else min(left, max(budget - now, 0.0))
+    text = f"the rest about {left:.0f} s"
+    if budget is not None and budget - now < left:
+        text += f", the time budget leaves {max(budget - now, 0.0):.0f} s of it"
+    return text
+
+
+def replay(measurer: probe.Probe, keys: dict, weights: list, steps: list[int], samples, gates):
+    """`gates` (V, 3 * sites) measured on the samples stage 1 ran (`samples`' checkpoint,
+    batch and quant columns): [(out, shadow)] of `Probe.measure`, one per sample in the order
+    of `measure` (a new shape of variants: one more compile)."""
+    ran = samples[["checkpoint", "batch", "quant"]].drop_duplicates()
+    at = dict(zip(steps, weights, strict=True))
+    rests, got = {}, []
+    for (b, q), group in ran.groupby(["batch", "quant"], sort=False):
+        if q not in rests:
+            rests[q] = measurer.rest_for(keys, probe.quant_keys([q])[0])
+        data = eval_batch(measurer.task, keys, int(b))
+        for step in group["checkpoint"]:
+            got.append(measurer.measure(at[int(step)], rests[q], data, gates))
+    return got

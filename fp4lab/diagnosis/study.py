@@ -9,9 +9,10 @@
 Stage 1 (`fp4lab.diagnosis.probe`, `scores`): the model under the FP4 recipe with a gate per
 layer and GEMM (`gate`), at a few checkpoints of a short run under that recipe, on several
 held-out batches and quant seeds: every GEMM alone quantized, every GEMM alone kept in high
-precision, the all-FP4 model and the shadow, in one compiled program. The ranking's first
-GEMMs within a FLOP budget are the recommended set (`choose`); stage 2 (`verify`) trains it
-against all-FP4, all-high-precision, random GEMMs and the last layers at the same FLOP share.
+precision, the all-FP4 model and the shadow, in one compiled program. The ranking's GEMMs
+worth keeping within a FLOP budget (a ceiling) are the recommended set (`choose`), its share of
+the gap measured with the set kept (`scores.kept_share`); stage 2 (`verify`) trains it against
+all-FP4, all-high-precision, random GEMMs and the last layers within its FLOP share.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Diagnosis:
     chosen: list  # [(layer, gemm)] recommended for high precision
     share: float  # their share of GEMM FLOPs
     budget: float  # the FLOP share the recommended set was chosen within
-    skipped: pd.DataFrame  # ranked above a chosen GEMM, left out by the budget (`choose.skipped`)
+    skipped: pd.DataFrame  # GEMMs the budget or the rule left out, and why (`choose.left_out`)
     target: float  # the predicted share of the FP4 gap `reaching` aims at
     reaching: list  # [(layer, gemm)]: the cheapest set predicted to reach `target`
     rules: list  # [(path regex, recipe)] for quantize_model / Config.rules
@@ -64,10 +65,14 @@ class Diagnosis:
     verify_s: float = 0.0
     trained_s: float = 0.0  # stage 2: the training runs' own seconds (a resumed call: earlier)
     sets: dict = dataclasses.field(default_factory=dict)  # stage 2's sets: {cell: [(l, g)]}
+    over_budget: str = ""  # why no GEMM fits the budget, in words (`choose.over_budget`)
+    # the share of the all-FP4 measure keeping `chosen` removes, the set itself measured at
+    # stage 1 (`scores.kept_share`: estimate, lo, hi, samples); None: no set or no such score
+    predicted: tuple | None = None
 
     @property
     def rules_source(self) -> str:
-        body = choose.rules_source(self.rules)
+        body = choose.rules_source(self.chosen, self.recipe, self.hp, keep=self.excluded)
         return "import fp4lab as fl\n\n" + ("\n" if body.startswith("def") else "") + body + "\n"
 
     def figure(self):
@@ -80,7 +85,7 @@ class Diagnosis:
 
     def write(self, out: str | Path) -> list[Path]:
         """ranking.csv, samples.csv, agreement.csv, rules.py, sensitivity.png, summary.txt,
-        skipped.csv (when the budget left out a higher-ranked GEMM), and after stage 2 sets.csv
+        skipped.csv (when the budget or the rule left out a GEMM), and after stage 2 sets.csv
         (the GEMMs each cell kept), verify.csv (each cell's share of the gap on eval_hp, and
         with `_own` on eval_loss), versus.csv, in the folder `out`."""
         out = Path(out)
@@ -140,6 +145,7 @@ def _fields(config) -> dict:
 
 
 def _check(score, budget, checkpoints, batches, quant_seeds, target, time_budget, draws) -> None:
+    """Every argument of stage 1 and of the sets; `_check_verify` those of stage 2."""
     if score not in scores.SCORES:
         raise ValueError(f"diagnose: score={score!r}; allowed: {', '.join(scores.SCORES)}")
     if not 0 < budget <= 1:
@@ -157,9 +163,27 @@ def _check(score, budget, checkpoints, batches, quant_seeds, target, time_budget
 
 def _recipes(recipe, hp) -> None:
     """Unknown names raise, listing the known ones (an experiment file's registered recipes
-    among them: call this after loading it)."""
+    among them: call this after loading it); so does an `hp` that cannot take a GEMM's place in
+    `recipe` (`choose.kept_recipe`)."""
     recipes.get(recipe)
     recipes.get(hp)
+    choose.kept_recipe(recipe, hp, ["fprop"])
+
+
+def _check_verify(cfg: Config, recipe, hp, steps, seeds, out, excluded) -> Config:
+    """Stage 2's config, every argument that could make stage 2 fail checked before stage 1
+    runs: the folder, the steps, the seeds, and the cells' configs (all-FP4, all-hp and a kept
+    set: `verify.experiment` builds each)."""
+    if out is None:
+        raise ValueError("diagnose: verify writes its runs into a results folder; pass out=...")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"diagnose: out={str(out)!r} is a file; verify needs a folder")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"diagnose: verify_steps={steps!r}; need an int >= 1 or None")
+    base = cfg if steps is None else cfg.replace(steps=int(steps))
+    sets = {"top-k": choose.rules([("probe", "fprop")], recipe, hp, keep=excluded)}
+    verify.experiment(base, verify.cells(recipe, hp, sets, keep=excluded), seeds=seeds)
+    return base
 
 
 def _excluded(cfg: Config, exclude) -> tuple[str, ...]:
@@ -231,11 +255,11 @@ def diagnose(
       ValueError: a bad argument (the message names it).
     """
     _check(score, budget, checkpoints, batches, quant_seeds, target, time_budget, random_draws)
-    if verify and out is None:
-        raise ValueError("diagnose: verify writes its runs into a results folder; pass out=...")
     cfg = _config(model, loss, batch, experiment, config, task_options)
     _recipes(recipe, hp)
     excluded = _excluded(cfg, exclude)
+    if verify:
+        base = _check_verify(cfg, recipe, hp, verify_steps, verify_seeds, out, excluded)
     steps = sorted({min(int(c), cfg.steps) for c in checkpoints})
     start = time.perf_counter()
     task = make_task(cfg)
@@ -247,7 +271,13 @@ def diagnose(
         time_budget=time_budget, progress=progress, spent=time.perf_counter() - start,
     )  # fmt: skip
     table = scores.rank(scores.summarize(measured.samples, measurer.sites, level=level), score)
-    chosen = choose.top(table, budget)
+    chosen = choose.top(table, budget, score)
+    compiles = measurer.compiles()  # of the program that measures every variant
+    predicted = None
+    if chosen:
+        gates = scores.kept_gates(measurer.sites, chosen)
+        replayed = stage1.replay(measurer, keys, weights, steps, measured.samples, gates)
+        predicted = scores.kept_share(replayed, score, level=level)
     result = Diagnosis(
         table=table,
         samples=measured.samples,
@@ -256,40 +286,48 @@ def diagnose(
         chosen=chosen,
         share=choose.share(table, chosen),
         budget=budget,
-        skipped=choose.skipped(table, chosen),
+        skipped=choose.left_out(table, chosen, score),
         target=target,
         reaching=choose.reaching(table, target, score),
         rules=choose.rules(chosen, recipe, hp, keep=excluded),
         recipe=recipe,
         hp=hp,
         stage1_s=time.perf_counter() - start,
-        compiles=measurer.compiles(),
+        compiles=compiles,
         planned=measured.planned,
         excluded=excluded,
+        over_budget=choose.over_budget(table, budget),
+        predicted=predicted,
     )
     if verify:
         folder = Path(out) / "verify"
-        _verify(result, cfg, verify_steps, verify_seeds, random_draws, folder, level, progress)
+        _verify(result, base, verify_seeds, random_draws, folder, level, progress)
     if out is not None:
         result.write(out)
     return result
 
 
-def _verify(result: Diagnosis, cfg, steps, seeds, draws, folder, level, progress) -> None:
+def _verify(result: Diagnosis, base, seeds, draws, folder, level, progress) -> None:
+    """Stage 2 of `result` on `base` (`_check_verify`'s config): the cells that have a set (no
+    top-k, random-k or last-blocks where the set is empty, no random draw that equals top-k)."""
     start = time.perf_counter()
     table, share = result.table, result.share
-    last = choose.last(table, share)
-    randoms = choose.random_sets(table, share, draws, avoid=(result.chosen, last))
-    result.sets = {"top-k": result.chosen}
-    result.sets |= {verify.random_label(j): kept for j, kept in enumerate(randoms)}
-    result.sets["last-blocks"] = last
+    result.sets = {}
+    randoms = []
+    if result.chosen:
+        last = choose.last(table, share)
+        randoms = choose.random_sets(table, share, draws, avoid=(result.chosen, last))
+        result.sets["top-k"] = result.chosen
+        result.sets |= {verify.random_label(j): kept for j, kept in enumerate(randoms)}
+        if last:
+            result.sets["last-blocks"] = last
     keep = result.excluded
     sets = {k: choose.rules(v, result.recipe, result.hp, keep=keep) for k, v in result.sets.items()}
-    base = cfg if steps is None else cfg.replace(steps=int(steps))
     overrides = verify.cells(result.recipe, result.hp, sets, keep=keep)
     runs = verify.run(base, overrides, seeds=seeds, out=folder, progress=progress)
     shares = {"fp4": 0.0, "hp": 1.0} | {k: choose.share(table, v) for k, v in result.sets.items()}
-    shares["random-k"] = sum(choose.share(table, v) for v in randoms) / len(randoms)
+    if randoms:
+        shares["random-k"] = sum(choose.share(table, v) for v in randoms) / len(randoms)
     result.gap = verify.gap_table(runs, level=level)
     result.gap_own = verify.gap_table(runs, outcome="eval_loss", level=level)
     for frame in (result.gap, result.gap_own):

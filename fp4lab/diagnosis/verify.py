@@ -6,9 +6,9 @@ resumes, finished runs are skipped), each on the same seed triples (i, i, i):
     fp4          every GEMM under the recipe
     hp           every GEMM in the high-precision recipe (BF16 by default)
     top-k        the ranking's set kept in high precision (`choose.top`)
-    random-k:j   random GEMMs at the nearest share of GEMM FLOPs, draw j (`choose.random_sets`);
+    random-k:j   random GEMMs within top-k's share of GEMM FLOPs, draw j (`choose.random_sets`);
                  "random-k" in the tables is their mean per seed triple
-    last-blocks  whole layers from the deepest up at the nearest share (`choose.last`)
+    last-blocks  whole layers from the deepest up within that share (`choose.last`)
 
 `gap_table` reads an outcome of the runs (`eval_hp`, the held-out loss of the trained weights
 under a high-precision forward, or `eval_loss`, the same under the run's own forward) and
@@ -39,7 +39,7 @@ from fp4lab.sweep import store as results_store
 from fp4lab.sweep.experiment import Cell, Experiment, jsonable, seed_triples
 from fp4lab.train.config import Config, make
 
-__all__ = ["CELLS", "cells", "run", "gap", "gap_table", "versus", "random_label"]
+__all__ = ["CELLS", "cells", "experiment", "run", "gap", "gap_table", "versus", "random_label"]
 
 CELLS = ("fp4", "hp", "top-k", "random-k", "last-blocks")  # the rows of `gap_table`
 _SEEDS = ["seed_init", "seed_data", "seed_quant"]
@@ -62,13 +62,11 @@ def cells(recipe, hp, sets: dict[str, list], keep=()) -> dict[str, dict]:
     return out
 
 
-def run(
-    base: Config, overrides: dict[str, dict], *, seeds: int, out: str | Path, progress: bool
-) -> pd.DataFrame:
-    """Trains every cell for seeds (i, i, i), i < `seeds`, into the results folder `out`;
-    returns its runs table (`fp4lab.load(out).runs`)."""
-    if seeds < 4:
-        raise ValueError(f"verify needs at least 4 seeds for paired intervals, got {seeds}")
+def experiment(base: Config, overrides: dict[str, dict], *, seeds: int) -> Experiment:
+    """The sweep's experiment of the cells `overrides` on seeds (i, i, i), i < `seeds`: every
+    cell's config built (a bad one raises here, before anything trains)."""
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 4:
+        raise ValueError(f"verify needs at least 4 seeds for paired intervals, got {seeds!r}")
     base = base.replace(eval_batches=base.eval_batches or 4)
     triples = seed_triples([(i, i, i) for i in range(seeds)])
     built = []
@@ -76,9 +74,16 @@ def run(
         cfg = make(dict(changes), base)
         data = results_store.data_hashes(cfg.to_dict())
         built.append(Cell(label, jsonable(dict(changes)), cfg, triples, "", data))
-    experiment = Experiment(name="diagnose-verify", path="diagnose-verify.py", base=base,
-                            cells=tuple(built))  # fmt: skip
-    runner.run_experiment(experiment, out, progress=progress)
+    return Experiment(name="diagnose-verify", path="diagnose-verify.py", base=base,
+                      cells=tuple(built))  # fmt: skip
+
+
+def run(
+    base: Config, overrides: dict[str, dict], *, seeds: int, out: str | Path, progress: bool
+) -> pd.DataFrame:
+    """Trains every cell for seeds (i, i, i), i < `seeds`, into the results folder `out`;
+    returns its runs table (`fp4lab.load(out).runs`)."""
+    runner.run_experiment(experiment(base, overrides, seeds=seeds), out, progress=progress)
     return results_store.load(out, metrics=False).runs
 
 
@@ -142,10 +147,13 @@ def gap_table(runs: pd.DataFrame, *, outcome: str = "eval_hp", level: float = 0.
 
 def versus(runs: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
     """top-k's eval_hp against random-k's (the draws' mean per seed) and last-blocks'
-    (`paired_difference`, diff = top-k - other: negative is better for top-k)."""
+    (`paired_difference`, diff = top-k - other: negative is better for top-k); a row only
+    where both cells ran."""
     runs = _pooled(runs)
     rows = []
     for other in ("random-k", "last-blocks"):
+        if not {"top-k", other} <= set(runs["cell"]):  # a cell stage 2 had no set for
+            continue
         two = runs[runs["cell"].isin(["top-k", other])]
         table = paired_difference(two, other, outcome="eval_hp", level=level)
         row = table[table["cell"] == "top-k"].iloc[0].to_dict()
@@ -154,4 +162,5 @@ def versus(runs: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
             | {k: row[k] for k in ("pairs", "diff", "diff_lo", "diff_hi", "diff_mcse")}
             | {"family": 1, "verdict": row["verdict"]}
         )
-    return pd.DataFrame(rows)
+    columns = ["against", "pairs", "diff", "diff_lo", "diff_hi", "diff_mcse", "family", "verdict"]
+    return pd.DataFrame(rows, columns=columns)

@@ -30,14 +30,16 @@ from fp4lab.train.trainer import make_keys, make_optimizer
 PLANTED = Path(__file__).with_name("planted.py")
 
 
-def config(plant: str, **changes) -> fl.Config:
+def config(plant: str, moved: bool = False, **changes) -> fl.Config:
     base = load_experiment(PLANTED).base
-    return base.replace(task_args=(("plant", plant),), **changes)
+    return base.replace(task_args=(("plant", plant), ("moved", moved)), **changes)
 
 
-def ground_truth(plant: str, *, seeds: int = 3, steps: int = 40, recipe="nvfp4") -> pd.DataFrame:
+def ground_truth(
+    plant: str, *, seeds: int = 3, steps: int = 40, recipe="nvfp4", moved: bool = False
+) -> pd.DataFrame:
     """One row per layer and GEMM: `truth` (module docstring) and its per-seed values."""
-    cfg = config(plant, steps=steps)
+    cfg = config(plant, moved, steps=steps)
     task = make_task(cfg)
     tx = make_optimizer(cfg)
     per_seed, train = [], None

@@ -1,10 +1,14 @@
-"""The default score on planted models (planted.py): the culprit first, the decoy below it, and a
-model with no plant left undecided; the ground truth of the subtlest plant, measured by training.
+"""The default score on planted models (planted.py): the culprit first and in the set, the decoy
+last and out of it, two culprits and moved plants kept, no score below zero; on the model with
+no plant no culprit-sized share, and an undecided ranking predicts nothing; the ground truth of
+the subtlest plant, measured by training.
 
-The full check (every plant's ground truth and stage 2) is benchmarks/diagnose_planted.py.
+The full check (every case's stage 2, the ground truth with --truth) is
+benchmarks/diagnose_planted.py.
 """
 
 import dataclasses
+import re
 
 import planted  # tests/diagnosis/planted.py
 import planted_truth
@@ -31,7 +35,25 @@ def test_the_default_score_ranks_the_culprit_first_and_apart(plant):
     assert scores.tied_at_top(t, d.score) == 1 and "apart from the rest" in d.summary
     ranks = t.set_index(["layer", "gemm"])["rank"]
     assert ranks[planted.DECOY] > len(t) / 2  # the decoy: among the least sensitive
-    assert d.chosen[0] == planted.CULPRIT[plant]
+    # the set holds the culprit first and nothing that does not buy its FLOPs: no decoy (a's
+    # Fprop may join it: x's two informative channels share FP4 blocks with larger ones)
+    assert d.chosen[0] == planted.CULPRIT[plant] and planted.DECOY not in d.chosen
+    assert set(d.chosen) <= {planted.CULPRIT[plant], ("a", "fprop")}
+    # the decoy: unresolved (not listed) or named as not worth its FLOPs, never the budget's
+    why = d.skipped.set_index(["layer", "gemm"])["why"]
+    assert why.get(planted.DECOY, "unresolved") in ("unresolved", "not worth its FLOPs")
+    # a decided ranking: a prediction, of the set measured kept (the culprit: most of the gap)
+    share, lo, hi, n = d.predicted
+    assert (
+        n == 4
+        and 0.5 < lo <= share <= hi
+        and f"predicted to close {100 * share:.0f} %" in d.summary
+    )
+    # a decided ranking: the other scores' order is no news, however low their agreement
+    low = d.agreement * 0 + 0.1
+    assert "disagree" not in dataclasses.replace(d, agreement=low).summary
+    # no sign bias: under Adam the score is >= 0 (up to eps) for every GEMM
+    assert (t[d.score] > -1e-6).all()
     # the gradient's relative error puts the decoy (large error, no effect) above the Fprop
     # culprit: the failure this score replaces
     if plant == "fprop":
@@ -39,19 +61,45 @@ def test_the_default_score_ranks_the_culprit_first_and_apart(plant):
         assert (by_grad.loc[0, "layer"], by_grad.loc[0, "gemm"]) == planted.DECOY
 
 
-def test_with_no_plant_the_summary_says_the_ranking_is_not_decided():
+def test_with_no_plant_no_gemm_takes_a_culprit_s_share_and_an_undecided_ranking_predicts_none():
     d = _diagnose("none", batches=2)
-    k = scores.tied_at_top(d.table, d.score)
+    assert (d.table[d.score] > -1e-6).all()  # no sign bias
+    # Fprops carry what FP4 costs here (x's informative channels share blocks with larger
+    # ones), spread over layers: the set's measured share is far from a culprit's (> 80 %)
+    assert d.chosen and d.predicted is not None and d.predicted[0] < 0.6
+    # where the first k cannot be told apart: no predicted share, and what would decide it
+    tied = d.table.copy()
+    tied.loc[1, "alone_step_loss_hi"] = tied.loc[0, "alone_step_loss_hi"]
+    undecided = dataclasses.replace(d, table=tied)
+    k = scores.tied_at_top(tied, d.score)
     assert k is not None and k > 1
-    assert f"is not decided: the first {k} cannot be told apart" in d.summary
-    # with more samples the first's interval clears the rest, but by less than 2x the second
-    alone = dataclasses.replace(d, table=d.table.assign(alone_step_loss_lo=[0.03, *[0.0] * 14]))
-    alone.table["alone_step_loss_hi"] = [1.0, *[0.02] * 14]
-    alone.table.loc[1, "alone_step_loss"] = d.table.loc[0, "alone_step_loss"] * 0.6
+    assert f"is not decided: the first {k} cannot be told apart" in undecided.summary
+    assert "no share of the gap is predicted while the ranking is not decided" in undecided.summary
+    assert "predicted to close" not in undecided.summary
+    assert re.search(r"About \d+ samples per GEMM \(now 8: more batches", undecided.summary)
+    low = dataclasses.replace(undecided, agreement=d.agreement * 0 + 0.1)
+    assert "The scores disagree as well (Spearman with alone_step_loss: " in low.summary
+    high = dataclasses.replace(undecided, agreement=d.agreement * 0 + 0.9)
+    assert "disagree" not in high.summary
+    # with its interval clear of the rest but by less than 2x the second: no sample count helps
+    alone = tied.assign(alone_step_loss_lo=[0.03, *[0.0] * 14])
+    alone["alone_step_loss_hi"] = [1.0, *[0.02] * 14]
+    alone.loc[1, "alone_step_loss"] = d.table.loc[0, "alone_step_loss"] * 0.6
+    alone = dataclasses.replace(d, table=alone)
     first = f"{d.table.loc[0, 'layer']} {d.table.loc[0, 'gemm'].capitalize()}"
     assert f"is not decided: the first, {first} (" in alone.summary
     assert "stands apart but by less than 2x the second" in alone.summary
-    assert "no GEMM stands out" in alone.summary
+    assert "More samples only narrow the intervals" in alone.summary
+    assert "predicted to close" not in alone.summary
+
+
+@pytest.mark.parametrize("plant, moved", [("fprop+wgrad", False), ("fprop", True)])
+def test_two_culprits_of_different_kinds_and_moved_plants_are_both_kept(plant, moved):
+    d = fl.diagnose(experiment=planted.__file__, budget=0.25,
+                    config={"task_args": {"plant": plant, "moved": moved}}, **SMALL)  # fmt: skip
+    culprits = planted.culprits(plant, moved)
+    assert set(culprits) <= set(d.chosen) and planted.DECOY not in d.chosen
+    assert (d.table[d.score] > -1e-6).all()
 
 
 def test_too_few_samples_are_said_in_words_not_as_nan(tmp_path, capsys):

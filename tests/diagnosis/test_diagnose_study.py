@@ -11,7 +11,7 @@ from flax import nnx
 
 import fp4lab as fl
 from fp4lab import cli
-from fp4lab.diagnosis import choose
+from fp4lab.diagnosis import choose, verify
 
 PLANTED = '''
 """A tiny MLP whose first layer's Wgrad alone sees a few huge tokens (the loss ignores them)."""
@@ -145,6 +145,26 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         fl.diagnose(experiment=path, budget=2.0)
 
 
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (dict(verify_seeds=3), "at least 4 seeds"),
+        (dict(verify_steps=0), "verify_steps=0"),
+        (dict(verify_steps=2.5), "verify_steps=2.5"),
+        (dict(out=None), "pass out="),
+        (dict(hp="nope"), "unknown recipe 'nope'"),
+    ],
+)
+def test_what_would_make_stage_2_fail_is_checked_before_stage_1(tmp_path, options, words):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=re.escape(words)):
+        fl.diagnose(experiment=_file(tmp_path), verify=True, **({"out": out} | options), **ARGS)
+    assert not out.exists()  # nothing measured, nothing written
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is a file; verify needs a folder"):
+        fl.diagnose(experiment=_file(tmp_path), verify=True, out=tmp_path / "file", **ARGS)
+
+
 def test_a_model_of_your_own_from_python():
     def model(config, rngs):
         return nnx.Sequential(
@@ -160,23 +180,32 @@ def test_a_model_of_your_own_from_python():
     d = fl.diagnose(model, loss, batch, config=fl.Config(batch_size=16, steps=4),
                     checkpoints=(0, 4), batches=1, quant_seeds=1)  # fmt: skip
     assert sorted(set(d.table["layer"])) == ["layers.0", "layers.2"]
-    # six GEMMs of equal cost: none fits a 10 % budget, and the first one is kept anyway
-    assert len(d.chosen) == 1 and d.share == pytest.approx(choose.share(d.table, d.chosen))
-    assert d.share == pytest.approx(1 / 6)
-    assert re.search(r"costs \d+\.\d% of GEMM FLOPs", d.summary)
+    # six GEMMs of equal cost: none fits a 10 % budget (a ceiling), which the summary says
+    assert d.chosen == [] and d.share == 0 and d.rules[-1] == (".*", "nvfp4")
+    assert (
+        "Nothing is kept: no GEMM fits the budget of 10.00% of GEMM FLOPs: the cheapest costs "
+        "16.67%; raise the budget to at least that." in d.summary
+    )
+    assert choose.over_budget(d.table, 1 / 6) == ""
 
 
 def test_verify_trains_the_sets_and_reports_the_gap_they_close(tmp_path):
+    # budget 1 (allowed): a ceiling, not a quota; the set holds what is worth keeping
     d = fl.diagnose(experiment=_file(tmp_path), out=tmp_path / "out", verify=True,
-                    verify_steps=12, progress=False, **ARGS)  # fmt: skip
+                    verify_steps=12, progress=False, budget=1.0, **ARGS)  # fmt: skip
+    assert d.chosen == [("a", "wgrad")] and "budget 100.0%, a ceiling" in d.summary
     gap = d.gap.set_index("cell")
     draws = ["random-k:0", "random-k:1", "random-k:2"]
     assert list(gap.index) == ["fp4", "hp", "top-k", "random-k", "last-blocks", *draws]
-    assert (gap["pairs"] == 4).all()
+    # no whole layer fits a's Wgrad's 1/12 of the FLOPs (the smallest layer costs 3/12): no
+    # last-blocks cell, said in words
+    assert "last-blocks" not in d.sets and gap.loc["last-blocks", "pairs"] == 0
+    assert "No whole layer fits top-k's FLOP share: no last-blocks cell." in d.summary
+    assert (gap.drop(index="last-blocks")["pairs"] == 4).all()
     assert gap.loc["fp4", "gap_closed"] == 0 and gap.loc["hp", "gap_closed"] == 1
     assert gap.loc["top-k", "flop_share"] == pytest.approx(d.share)
-    one = d.table["flop_share"].max()  # the nearest share: within one GEMM of top-k's
-    assert all(abs(gap.loc[c, "flop_share"] - d.share) <= one / 2 + 1e-12 for c in draws)
+    one = d.table["flop_share"].max()  # within one GEMM of top-k's share, and not above it
+    assert all(d.share - one < gap.loc[c, "flop_share"] <= d.share + 1e-12 for c in draws)
     # random-k is the draws' mean per seed: its share of the gap is their mean
     assert gap.loc["random-k", "gap_closed"] == pytest.approx(gap.loc[draws, "gap_closed"].mean())
     assert list(d.gap_own["cell"]) == list(gap.index) and "eval_loss" in d.gap_own
@@ -191,13 +220,29 @@ def test_verify_trains_the_sets_and_reports_the_gap_they_close(tmp_path):
     assert gap.loc["top-k", "lo"] <= gap.loc["top-k", "gap_closed"] <= gap.loc["top-k", "hi"]
     # the planted Wgrad kept in BF16 closes most of the gap; random GEMMs do not
     assert gap.loc["top-k", "gap_closed"] > 0.5 > gap.loc["random-k", "gap_closed"]
-    assert set(d.versus["against"]) == {"random-k", "last-blocks"}
+    assert list(d.versus["against"]) == ["random-k"]
     assert "beats random-k" in d.summary
     assert (tmp_path / "out" / "verify.csv").is_file()
     kept = pd.read_csv(tmp_path / "out" / "sets.csv")
-    assert set(kept["cell"]) == {"top-k", *draws, "last-blocks"}
+    assert set(kept["cell"]) == {"top-k", *draws}
     top = kept[kept["cell"] == "top-k"]
     assert list(zip(top["layer"], top["gemm"], strict=True)) == d.chosen
+    # a set with no random control (a budget keeping every GEMM: every draw is the whole
+    # model) is said in words, not divided by zero
+    runs = fl.load(tmp_path / "out" / "verify").runs
+    alone = runs[~runs["cell"].astype(str).str.startswith("random-k")]
+    assert verify.versus(alone).empty
+    bare = dataclasses.replace(
+        d,
+        sets={"top-k": d.chosen},
+        gap=verify.gap_table(alone).merge(d.gap[["cell", "flop_share"]], on="cell"),
+        versus=verify.versus(alone),
+    )
+    stage2 = bare.summary.split("\n\n")[1]
+    assert "No random set within top-k's FLOP share differs from top-k" in stage2
+    assert "The ranking beats random-k" not in stage2 and "does not beat" not in stage2
+    empty = dataclasses.replace(bare, sets={}, chosen=[])
+    assert "The recommended set is empty: stage 2 measured the FP4 gap alone." in empty.summary
 
 
 MINE = """
@@ -252,4 +297,11 @@ def test_a_time_budget_stops_stage_1_and_says_so(tmp_path, capsys):
                     time_budget=1e-3)  # fmt: skip
     assert (d.table["samples"] == 2).all() and d.planned == 18  # one round: at least one
     assert "The time budget stopped it after 2 of 18 samples." in d.summary
-    assert "ends it after 2 of 18 samples" in capsys.readouterr().err
+    assert (
+        "Its samples cover checkpoints 0, 10; held-out batches 0; quant seeds 0: its intervals "
+        "carry no variation over held-out batches or quant seeds." in d.summary
+    )
+    err = capsys.readouterr().err
+    assert "ends it after 2 of 18 samples" in err
+    # the first estimate is the whole design's, and the budget's cap is said apart
+    assert re.search(r"the rest about \d+ s, the time budget leaves 0 s of it", err)
