@@ -19,9 +19,13 @@ worker process loads only what it runs.
     models and tasks      models (plain Flax NNX models), data (synthetic tasks)
 """
 
+from fp4lab.core import kernel_build  # standard library only: cheap
 from fp4lab.lazy import attach_stub
 
 __version__ = "0.1.0"
+# an install whose kernels did not build says so here, once (pip shows a build's output only
+# with -v); a file check where it built
+kernel_build.say_install_failure()
 
 # old spellings, kept for one release: name -> (module, attribute, the spelling to use)
 _DEPRECATED = {
@@ -36,4 +40,4 @@ _DEPRECATED = {
 }
 
 __getattr__, __dir__, __all__ = attach_stub(__name__, __file__, _DEPRECATED)
-del attach_stub, _DEPRECATED
+del attach_stub, _DEPRECATED, kernel_build
