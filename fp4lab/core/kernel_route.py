@@ -53,13 +53,13 @@ from fp4lab.core.spec import QuantSpec
 
 __all__ = ["MEASURED", "enabled", "choice", "supports", "rotates", "dequantized_blocks"]
 
-# The kernel's time over the jnp path's, per clone, with where it was measured: nvfp4 1x16
+# The kernel's time over the jnp path's, per clone, and where it was measured: nvfp4 1x16
 # fake-quant of 4096 x 4096 (`benchmarks/quantizer.py`, medians of interleaved rounds in one
-# process, 2 cores; docs/performance.md has the tables and the loads)
+# process, 2 cores; docs/performance.md has the tables, their loads and the step figures)
 MEASURED = {
-    "baseline": (1.00, "AMD EPYC (AVX2), forced baseline clone, 2026-12-07"),
-    "avx2": (1.00, "AMD EPYC (AVX2), 2026-12-07"),
-    "avx512f": (0.78, "Intel Xeon (AVX-512), user-model step, 2026-12-06"),
+    "baseline": (1.01, "AMD EPYC, forced baseline clone: 0.98x, 1.03x in two runs, 2026-12-07"),
+    "avx2": (0.83, "AMD EPYC (AVX2): 0.77x, 0.89x in two runs at load 9-10, 2026-12-07"),
+    "avx512f": (0.78, "Intel Xeon (AVX-512), the user-model step, 2026-12-06"),
 }
 
 _RULES = {"e4m3": 0, ("e8m0", "floor"): 1, ("e8m0", "ceil"): 2}

@@ -3,17 +3,17 @@
 // `baseline` with the build's own flags, SSE2 on x86-64 and NEON on aarch64), and picks one
 // clone per call.
 //
-// The hot loops (the block amaxes, the element passes) are written in explicit vectors of
-// kLanes = 16 floats, GCC's and Clang's vector extensions: one source, which each clone's
-// compiler lowers to its own registers (AVX-512F one 64-byte register, AVX2 two of 32 bytes,
-// SSE2 and NEON four of 16), instead of leaving the vectorization to the auto-vectorizer,
-// whose code differed by clone. The arithmetic is the scalar helpers' float32 operations in
-// the same order, lane by lane (no contraction, no reassociation: -ffp-contract=off), and a
-// select where they branch, so every clone gives the scalar code's bits
-// (tests/core/test_fused.py in every clone; tests/core/test_kernels_build.py runs these
-// loops compiled for aarch64 under emulation against the x86-64 build). Row tails shorter
-// than a vector run the scalar helpers. No include guard: included once per clone, after the
-// scalar helpers it inlines.
+// The hot loops (the block amaxes, the element passes) are written in explicit vectors, GCC's
+// and Clang's vector extensions: one source, each clone's copy at its registers' width
+// (FP4LAB_Q_BYTES: 16 bytes for SSE2 and NEON, 32 for AVX2, 64 for AVX-512F; a vector wider
+// than the registers had its comparisons scalarized by GCC 12), instead of leaving the
+// vectorization to the auto-vectorizer, whose AVX2 and SSE2 code ran well behind its AVX-512
+// code. The arithmetic is the scalar helpers' float32 operations in the same order, lane by
+// lane (no contraction, no reassociation: -ffp-contract=off), and a vector conditional where
+// they branch, so every clone gives the scalar code's bits (tests/core/test_fused.py in every
+// clone; tests/core/test_kernels_build.py runs these loops built for aarch64 under emulation
+// against the x86-64 build). Row tails shorter than a vector run the scalar helpers. No
+// include guard: included once per clone, after the scalar helpers it inlines.
 
 #define FP4LAB_V inline __attribute__((always_inline))
 // FP4LAB_Q_BYTES, defined by quantize.cc for each clone: its vector registers' width
@@ -65,8 +65,7 @@ FP4LAB_V int32_t SumLanes(const Vi& v) {
 // Round (quantize.cc) on a vector: formats.round_to_format onto the element grid, RNE or with
 // the random bits `bits`; the same operations lane by lane, selects where Round chooses. Its
 // comparisons are of non-negative floats (or a NaN against a number), made on their bits as
-// signed integers, which order them alike (a NaN's above +inf): GCC scalarizes the float
-// comparisons of a vector wider than the clone's registers, not the integer ones.
+// signed integers, which order them alike (a NaN's bits above +inf's).
 template <bool SR>
 FP4LAB_V Vf RoundV(const Vf& v, const Elem& f, const Vu& bits) {
   const Vu b = BitsOf(v);
