@@ -95,7 +95,7 @@ def choice() -> tuple[str, str]:
         how = f"FP4LAB_CPU_CLONE={forced}" if forced else "FP4LAB_QUANTIZER=kernel"
         return "kernel", f"the CPU kernel, its {clone} clone: {how}"
     ratio, where = MEASURED.get(clone, (float("inf"), "not measured"))
-    faster = float(os.environ.get("FP4LAB_TEST_JNP_FASTER", "") or 1.0)
+    faster = _faster(os.environ.get("FP4LAB_TEST_JNP_FASTER", ""))
     ratio *= faster  # the jnp path's time divided by `faster`
     said = f", FP4LAB_TEST_JNP_FASTER={faster:g}" if faster != 1.0 else ""
     if ratio <= 1.0:
@@ -107,6 +107,17 @@ def choice() -> tuple[str, str]:
         f"the jnp quantizer: the kernel's {clone} clone measured {ratio:.2f}x its time on this "
         f"CPU class ({where}{said})"
     )
+
+
+def _faster(text: str) -> float:
+    """FP4LAB_TEST_JNP_FASTER's factor (1 where unset), a clear error where it is not > 0."""
+    try:
+        faster = float(text or 1.0)
+    except ValueError:
+        faster = 0.0
+    if not faster > 0:
+        raise ValueError(f"FP4LAB_TEST_JNP_FASTER={text!r}: give a number > 0, e.g. 100")
+    return faster
 
 
 def supports(spec: QuantSpec, key, amax) -> bool:

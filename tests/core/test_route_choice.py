@@ -56,6 +56,10 @@ def test_a_forced_path_or_clone_overrides_the_figures(monkeypatch):
     monkeypatch.setenv("FP4LAB_QUANTIZER", "reference")
     assert kernel_route.choice() == ("reference", "the jnp quantizer: FP4LAB_QUANTIZER=reference")
     assert kernel_route.enabled() == ""
+    monkeypatch.delenv("FP4LAB_QUANTIZER")
+    monkeypatch.setenv("FP4LAB_TEST_JNP_FASTER", "fast")
+    with pytest.raises(ValueError, match="FP4LAB_TEST_JNP_FASTER='fast': give a number > 0"):
+        kernel_route.choice()
 
 
 def test_every_clone_has_a_figure_and_the_run_records_the_choice(monkeypatch):
