@@ -7,8 +7,9 @@ jaxlib (a build requirement), and stamped as `fp4lab.core.kernel_build` says (lo
 path here: the package itself needs jax, which a build environment may lack). A build that
 fails does not fail the install: it prints one line, the reason, and records it beside where
 the library would be (_kernels.failed, keyed like the library), so that no run compiles again;
-each run says the reason once and uses fp4lab's jnp reference. The compiler's own output goes
-into that record, not to the screen.
+each run says the reason once and uses fp4lab's jnp reference (pip shows this line only with
+-v, so the first import of fp4lab says it too). The compiler's own output goes into that
+record, not to the screen.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class BuildKernels(build_ext):
             text = log.read()
         if error is None:
             record.unlink(missing_ok=True)
+            kernel_build.said_marker(record).unlink(missing_ok=True)
             return
         reason = kernel_build.first_error(text + "\n" + str(error))
         if isinstance(error, OSError) or "No such file or directory" in str(error):
@@ -77,6 +79,7 @@ class BuildKernels(build_ext):
         record, into the package."""
         super().copy_extensions_to_source()
         built = Path(self.build_lib) / CORE / kernel_build.FAILED
+        kernel_build.said_marker(CORE / kernel_build.FAILED).unlink(missing_ok=True)
         if built.exists():
             shutil.copy(built, CORE / kernel_build.FAILED)
         else:

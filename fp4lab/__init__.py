@@ -19,9 +19,20 @@ worker process loads only what it runs.
     models and tasks      models (plain Flax NNX models), data (synthetic tasks)
 """
 
+import os as _os  # loaded with the interpreter
+
 from fp4lab.lazy import attach_stub
 
 __version__ = "0.1.0"
+
+# An install whose kernels did not build says so at the first import, once (pip shows a build's
+# output only with -v; `fp4lab.core.kernel_build.say_install_failure`); elsewhere this costs
+# two file checks and loads nothing.
+_record = _os.path.join(_os.path.dirname(__file__), "core", "_kernels.failed")
+if _os.path.exists(_record) and not _os.path.exists(_record + ".said"):
+    from fp4lab.core import kernel_build as _kernel_build
+
+    _kernel_build.say_install_failure()
 
 # old spellings, kept for one release: name -> (module, attribute, the spelling to use)
 _DEPRECATED = {
@@ -36,4 +47,4 @@ _DEPRECATED = {
 }
 
 __getattr__, __dir__, __all__ = attach_stub(__name__, __file__, _DEPRECATED)
-del attach_stub, _DEPRECATED
+del attach_stub, _DEPRECATED, _os, _record

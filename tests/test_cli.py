@@ -347,6 +347,20 @@ def test_dry_run_shows_the_overrides(tmp_path, capsys):
     assert "for every cell" not in capsys.readouterr().out
 
 
+def test_verbose_says_which_quantizer_runs_and_why(tmp_path, capsys, monkeypatch):
+    from fp4lab.core import kernel_route
+
+    monkeypatch.setenv("FP4LAB_QUANTIZER", "reference")
+    path = experiment(tmp_path)
+    argv = ["run", str(path), "--out", str(tmp_path / "o"), "--dry-run", "--no-probe"]
+    assert cli.main([*argv, "--verbose"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "fp4lab: the jnp quantizer: FP4LAB_QUANTIZER=reference"
+    assert out[0] == f"fp4lab: {kernel_route.choice()[1]}"
+    assert cli.main(argv) == 0
+    assert "quantizer" not in capsys.readouterr().out
+
+
 def test_xla_log_is_a_deprecated_no_op(tmp_path, capsys):
     """XLA's lines are no longer filtered: the old flag parses, says so, and changes nothing."""
     argv = [

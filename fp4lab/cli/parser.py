@@ -209,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_parser.add_argument("--quiet", action="store_true", help="no progress bar")
     run_parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="say which quantizer runs here (the CPU kernel or the jnp path) and why",
+    )
+    run_parser.add_argument(
         "--progress-every",
         type=int,
         metavar="K",

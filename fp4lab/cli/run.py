@@ -105,6 +105,10 @@ def run(args) -> int:
         ray_executor.import_ray()  # a missing Ray is reported before anything runs
     exp = load_experiment(args)
     out = Path(args.out) if args.out else Path("results") / exp.name
+    if args.verbose:  # which quantizer this process runs on the CPU, and why
+        from fp4lab.core import kernel_route
+
+        print(f"fp4lab: {kernel_route.choice()[1]}")
     if args.dry_run:
         st = store.Store(out)
         runner.check_owner(exp, st, args.force)

@@ -115,7 +115,8 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         else:
             handle.path = lib
             return handle, ""
-    print(f"fp4lab: no CPU kernels, the jnp reference runs instead: {why}", file=sys.stderr)
+    if not kernel_build.install_failure_said():  # one line a process
+        print(f"fp4lab: no CPU kernels, the jnp reference runs instead: {why}", file=sys.stderr)
     return None, why
 
 

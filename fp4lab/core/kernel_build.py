@@ -15,7 +15,9 @@ resolved another jaxlib than the one the user runs is loaded, not rebuilt. A bui
 fails leaves a record beside where its library would be, keyed the same way (setup.py:
 `_kernels.failed` in the package; on first use: `kernels-<hash>.failed` in `cache_folder()`),
 so no later process, sweep workers included, compiles again: each says the one-line reason
-once instead. Removing the record (or reinstalling) tries again.
+once instead. Removing the record (or reinstalling) tries again. pip shows a build backend's
+output only under -v, so the first import of fp4lab after such an install says the line
+(`say_install_failure`), once: a marker beside the record keeps later imports quiet.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,6 +51,9 @@ __all__ = [
     "record_failure",
     "first_error",
     "find",
+    "said_marker",
+    "say_install_failure",
+    "install_failure_said",
 ]
 
 HERE = Path(__file__).parent
@@ -143,9 +149,16 @@ def failure(record: Path, stamp: str) -> str | None:
         return None
 
 
+def said_marker(record: Path) -> Path:
+    """The marker beside a failed install's record: its line was said at an import."""
+    return record.with_name(record.name + ".said")
+
+
 def record_failure(record: Path, stamp: str, reason: str, log: str = "") -> None:
-    """Writes the record of a failed build (atomically: a reader sees all of it or none)."""
+    """Writes the record of a failed build (atomically: a reader sees all of it or none); a
+    new failure is said again at the next import (its marker removed)."""
     record.parent.mkdir(parents=True, exist_ok=True)
+    said_marker(record).unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=record.parent)
     with os.fdopen(fd, "w") as f:
         json.dump({"built_for": stamp, "reason": reason, "log": log[-20000:]}, f)
@@ -158,6 +171,42 @@ def first_error(log: str) -> str:
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower()]
     return (errors or lines or ["(no output)"])[0][:300]
+
+
+_said = False  # this process said the install's failure at its import
+
+
+def say_install_failure() -> bool:
+    """At the first import of fp4lab after an install that could not build the kernels (a
+    record `FAILED` for these sources): the reason in one line on stderr, and a marker beside
+    the record so that later imports say nothing (a process that needs a kernel still says
+    it once, `cpu_kernels`). Returns whether it said it. Costs one file check otherwise."""
+    global _said
+    record = HERE / FAILED
+    if not record.exists() or said_marker(record).exists():
+        return False
+    try:
+        reason = failure(record, built_for())
+    except (OSError, ValueError, AttributeError, importlib.metadata.PackageNotFoundError):
+        return False  # no jaxlib to stamp with: the run-time line says it
+    if reason is None:
+        return False
+    print(
+        f"fp4lab: the install could not build the CPU kernels, the jnp reference runs: "
+        f"{reason} ({record})",
+        file=sys.stderr,
+    )
+    _said = True
+    try:
+        said_marker(record).touch()
+    except OSError:  # a read-only install: said at every import
+        pass
+    return True
+
+
+def install_failure_said() -> bool:
+    """Whether this process said the install's failure at its import (`say_install_failure`)."""
+    return _said
 
 
 def _stamp_of(lib: Path) -> str:

@@ -26,11 +26,18 @@ to the bits, the butterflies), so the same bits, which are the written operation
 optimization level. Any other rotation runs in jnp before the kernel. The kernel's operand
 and result travel as 2-D arrays (`cpu_kernels.quantize_blocks`), so the transposes XLA
 places beside it stay tiled.
-Everything else, and every backend but the CPU, runs the reference. FP4LAB_QUANTIZER=reference
-in the environment makes the quantizers traced from then on run the reference, and
-FP4LAB_CPU_CLONE=baseline|avx2|avx512f the kernel's clone of that name; `enabled()`
-says which, and keys the traces fp4lab keeps (the ops' and fake_quant's), so a program traced
-after the change holds the other quantizer. A program already compiled keeps its own.
+Everything else, and every backend but the CPU, runs the reference.
+
+Which path runs by default is chosen per CPU class (the clone the CPU runs) from the measured
+figures of `MEASURED`, the kernel's time over the jnp path's (the same bits either way): the
+kernel where it measured no slower, else the jnp path (`choice()` says which and why; `fp4lab
+run --verbose` and a run's provenance print it). FP4LAB_QUANTIZER=reference in the environment
+makes the quantizers traced from then on run the reference, FP4LAB_QUANTIZER=kernel the
+kernel, and FP4LAB_CPU_CLONE=baseline|avx2|avx512f the kernel's clone of that name (a forced
+clone runs the kernel); `enabled()` says which, and keys the traces fp4lab keeps (the ops'
+and fake_quant's), so a program traced after the change holds the other quantizer. A program
+already compiled keeps its own. FP4LAB_TEST_JNP_FASTER=f divides the jnp path's figures by f
+(a test switch: the default then picks the jnp path where the kernel is not f times faster).
 """
 
 from __future__ import annotations
@@ -44,7 +51,16 @@ import numpy as np
 from fp4lab.core import cpu_kernels, formats, hadamard, prng
 from fp4lab.core.spec import QuantSpec
 
-__all__ = ["enabled", "supports", "rotates", "dequantized_blocks"]
+__all__ = ["MEASURED", "enabled", "choice", "supports", "rotates", "dequantized_blocks"]
+
+# The kernel's time over the jnp path's, per clone, and where it was measured: nvfp4 1x16
+# fake-quant of 4096 x 4096 (`benchmarks/quantizer.py`, medians of interleaved rounds in one
+# process, 2 cores; docs/performance.md has the tables, their loads and the step figures)
+MEASURED = {
+    "baseline": (1.01, "AMD EPYC, forced baseline clone: 0.98x, 1.03x in two runs, 2026-12-07"),
+    "avx2": (0.83, "AMD EPYC (AVX2): 0.77x, 0.89x in two runs at load 9-10, 2026-12-07"),
+    "avx512f": (0.78, "Intel Xeon (AVX-512), the user-model step, 2026-12-06"),
+}
 
 _RULES = {"e4m3": 0, ("e8m0", "floor"): 1, ("e8m0", "ceil"): 2}
 _SCOPES = {"none": 0, "tensor": 1, "row": 2}
@@ -53,13 +69,55 @@ _SCOPES = {"none": 0, "tensor": 1, "row": 2}
 def enabled() -> str:
     """Which kernel quantizers traced now run: the clone of its element loops
     (`cpu_kernels.clone()`, FP4LAB_CPU_CLONE where set) on the CPU backend with the kernels
-    built, else "" (the reference: another backend, no kernels, or FP4LAB_QUANTIZER=reference).
-    The traces fp4lab keeps are keyed by it, so a change of either variable takes effect."""
-    if os.environ.get("FP4LAB_QUANTIZER", "") == "reference":
-        return ""
-    if jax.default_backend() != "cpu" or not cpu_kernels.available():
-        return ""
-    return cpu_kernels.clone()
+    built where `choice()` picks the kernel, else "" (the reference). The traces fp4lab keeps
+    are keyed by it, so a change of the variables `choice` reads takes effect."""
+    pick, _ = choice()
+    return cpu_kernels.clone() if pick == "kernel" else ""
+
+
+def choice() -> tuple[str, str]:
+    """("kernel" or "reference", why in one line): the quantizer that quantizers traced now
+    run. Forced by FP4LAB_QUANTIZER (reference or kernel) or FP4LAB_CPU_CLONE (its clone of
+    the kernel); else on the CPU with the kernels, per CPU class (the clone this CPU runs) from
+    `MEASURED`: the kernel where its time measured no more than the jnp path's (the jnp
+    path's figure divided by FP4LAB_TEST_JNP_FASTER, a test switch, where set). Another
+    backend, or no kernels here: the reference, saying why."""
+    mode = os.environ.get("FP4LAB_QUANTIZER", "")
+    if mode == "reference":
+        return "reference", "the jnp quantizer: FP4LAB_QUANTIZER=reference"
+    if jax.default_backend() != "cpu":
+        return "reference", f"the jnp quantizer: the {jax.default_backend()} backend"
+    if not cpu_kernels.available():
+        return "reference", f"the jnp quantizer: no CPU kernels ({cpu_kernels.build_error()})"
+    clone = cpu_kernels.clone()
+    forced = os.environ.get("FP4LAB_CPU_CLONE", "")
+    if mode == "kernel" or forced:
+        how = f"FP4LAB_CPU_CLONE={forced}" if forced else "FP4LAB_QUANTIZER=kernel"
+        return "kernel", f"the CPU kernel, its {clone} clone: {how}"
+    ratio, where = MEASURED.get(clone, (float("inf"), "not measured"))
+    faster = _faster(os.environ.get("FP4LAB_TEST_JNP_FASTER", ""))
+    ratio *= faster  # the jnp path's time divided by `faster`
+    said = f", FP4LAB_TEST_JNP_FASTER={faster:g}" if faster != 1.0 else ""
+    if ratio <= 1.0:
+        return "kernel", (
+            f"the CPU kernel, its {clone} clone: it measured {ratio:.2f}x the jnp path's time "
+            f"on this CPU class ({where}{said})"
+        )
+    return "reference", (
+        f"the jnp quantizer: the kernel's {clone} clone measured {ratio:.2f}x its time on this "
+        f"CPU class ({where}{said})"
+    )
+
+
+def _faster(text: str) -> float:
+    """FP4LAB_TEST_JNP_FASTER's factor (1 where unset), a clear error where it is not > 0."""
+    try:
+        faster = float(text or 1.0)
+    except ValueError:
+        faster = 0.0
+    if not faster > 0:
+        raise ValueError(f"FP4LAB_TEST_JNP_FASTER={text!r}: give a number > 0, e.g. 100")
+    return faster
 
 
 def supports(spec: QuantSpec, key, amax) -> bool:

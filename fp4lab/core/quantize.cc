@@ -261,9 +261,11 @@ inline int32_t Saturated(float x, float g, float h, uint32_t vbits) {
 // alone, built for the flags of the build (NEON on aarch64). Each call runs one clone: the
 // best this CPU runs, or the one its `clone` attribute names (FP4LAB_CPU_CLONE, read by
 // fp4lab.core.cpu_kernels), so the tests run every clone and the benchmarks a chosen one.
+#define FP4LAB_Q_BYTES 16  // SSE2, NEON
 namespace baseline {
 #include "quantize_loops.h"
 }  // namespace baseline
+#undef FP4LAB_Q_BYTES
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FP4LAB_Q_X86_CLONES 1
@@ -273,9 +275,11 @@ namespace baseline {
 #pragma GCC push_options
 #pragma GCC target("avx2")
 #endif
+#define FP4LAB_Q_BYTES 32
 namespace avx2 {
 #include "quantize_loops.h"
 }  // namespace avx2
+#undef FP4LAB_Q_BYTES
 #if defined(__clang__)
 #pragma clang attribute pop
 #pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
@@ -284,9 +288,11 @@ namespace avx2 {
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 #endif
+#define FP4LAB_Q_BYTES 64
 namespace avx512f {
 #include "quantize_loops.h"
 }  // namespace avx512f
+#undef FP4LAB_Q_BYTES
 #if defined(__clang__)
 #pragma clang attribute pop
 #else

@@ -1,4 +1,5 @@
-"""Where a run was computed: package versions, git revision, python, backend, device, CPU.
+"""Where a run was computed: package versions, git revision, python, backend, device, CPU, and
+the quantizer that ran (the CPU kernel or the jnp path, and why: `kernel_route.choice`).
 
 A record's `provenance` (`fp4lab.sweep.store.provenance`: `host` and the numerics version)
 says what made its numbers; `code_version` names the code in one string, `cpu` the host
@@ -81,6 +82,8 @@ def host() -> dict[str, Any]:
     less its numerics version (`fp4lab.sweep.store.provenance` adds it)."""
     import jax
 
+    from fp4lab.core import kernel_route
+
     versions = package_versions()
     rev = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain", "--untracked-files=no") if rev else ""
@@ -93,6 +96,7 @@ def host() -> dict[str, Any]:
         "backend": jax.default_backend(),
         "device": getattr(device, "device_kind", str(device)),
         "cpu": cpu(),
+        "quantizer": kernel_route.choice()[1],  # the CPU kernel or the jnp path, and why
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -137,6 +137,25 @@ def test_kernel_equals_reference_bit_for_bit_in_every_clone(name, axis, monkeypa
             _same(w, kernel(x, key, None))
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4-sr", "mxfp4-ceil", "mxfp6-e3m2-sr"])
+def test_rows_with_a_tail_in_every_clone(name, monkeypatch):
+    """Blocked in place along axis 0, a row is the 72 columns: vectors of every clone's width
+    (4, 8 or 16 lanes) and a tail of scalars after them (72 = 4 * 16 + 8), the saturation
+    count included."""
+    spec = SPECS[name].replace(axis=0)
+    ref = _both(spec)[0]
+    x = jnp.asarray(_edges((64, 72), 8))
+    key = jax.random.key(5)
+    want = ref(x, key, None)
+    counts = set()
+    for _ in _each_clone(monkeypatch):
+        _same(want, _both(spec)[1](x, key, None))
+        view = x.reshape(1, 64 // spec.tile[1], spec.tile[1], 72, 1)  # (P, L/tx, tx, Q, 1)
+        _, sat = fused.dequantized_blocks(view, spec, key, None, in_place=True, count=True)
+        counts.add(float(sat))
+    assert len(counts) == 1 and counts.pop() > 0
+
+
 def test_the_clones_and_a_clone_that_cannot_run(monkeypatch):
     here = cpu_kernels.clones()
     assert here[0] == "baseline" and set(here) <= set(cpu_kernels.CLONES)

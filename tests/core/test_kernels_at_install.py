@@ -67,7 +67,7 @@ def copy_checkout(tmp_path: Path, broken: str | None = None) -> Path:
     shutil.copytree(
         ROOT / "fp4lab",
         src / "fp4lab",
-        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.failed"),
+        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.failed", "*.said"),
     )
     if broken is not None:
         path = src / "fp4lab" / "core" / broken

@@ -1,15 +1,19 @@
-"""The CPU kernels' build (`fp4lab.core.kernel_build`, setup.py): it compiles for ARM, it fails
-once and loudly, and a library built against another jaxlib with the same FFI is loaded.
+"""The CPU kernels' build (`fp4lab.core.kernel_build`, setup.py): it compiles for ARM, the
+quantizer's element loops give the same bits on ARM as on x86-64, it fails once and loudly,
+and a library built against another jaxlib with the same FFI is loaded.
 
-Nothing here runs ARM code: the aarch64 builds (Linux and macOS, with the cross compiler of
-the `ziglang` package) only show that the sources compile there, the float environment's
-FPCR code included. The failures are made cheaply: a source broken at its first line, or a
-"compiler" that logs its call and fails, in a copy of the package.
+The aarch64 builds (Linux and macOS) use the cross compiler of the `ziglang` package (the dev
+extra); the element loops' program (quantize_loops_check.cc) runs under qemu-aarch64 (Debian's
+qemu-user, which .ci/run installs). Where either is missing the test says it is skipped and
+why. The failures are made cheaply: a source broken at its first line, or a "compiler" that
+logs its call and fails, in a copy of the package.
 """
 
 import importlib.util
 import json
 import os
+import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,15 +28,12 @@ CORE = ROOT / "fp4lab" / "core"
 
 
 def _zig() -> list[str]:
-    """The command of ziglang's C++ compiler (installed for the test where it is missing)."""
+    """The command of ziglang's C++ compiler; the test is skipped, saying why, without it."""
     if importlib.util.find_spec("ziglang") is None:
-        got = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "ziglang>=0.13"],
-            capture_output=True,
-            text=True,
+        pytest.skip(
+            "ziglang (the aarch64 cross compiler, a dev dependency) is not installed: "
+            'pip install -e ".[dev]"'
         )
-        if got.returncode:
-            pytest.skip(f"ziglang (the aarch64 cross compiler) cannot be installed: {got.stderr}")
     zig = Path(importlib.util.find_spec("ziglang").origin).parent / "zig"
     return [str(zig), "c++"] if zig.exists() else [sys.executable, "-m", "ziglang", "c++"]
 
@@ -56,6 +57,51 @@ def test_the_kernels_compile_for_arm(target, tmp_path):
         out = run.communicate(timeout=300)[0]
         assert run.returncode == 0, f"{name} for {target}:\n{out[-3000:]}"
         assert (tmp_path / f"{name}.o").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="compares aarch64 with x86-64 bits")
+def test_the_element_loops_give_the_x86_bits_on_arm_under_qemu(tmp_path):
+    """quantize_loops_check.cc (the quantizer's element loops on the bit-exact grid, the cases
+    below 2**-126 and the non-finite ones, in XLA's float environment) built for x86-64 and
+    for aarch64-linux, run natively and under qemu-aarch64: the same bits in every clone."""
+    zig = _zig()
+    qemu = shutil.which("qemu-aarch64")
+    if qemu is None:
+        pytest.skip("qemu-aarch64 is not installed (Debian: apt-get install qemu-user)")
+    native = kernel_build.compile_command()
+    if native is None:
+        pytest.skip("no C++ compiler for the x86-64 build")
+    flags = [*kernel_build.FLAGS, *kernel_build.QUIET, "-I", str(kernel_build.include_dir())]
+    source = [str(Path(__file__).with_name("quantize_loops_check.cc")), "-I", str(CORE)]
+    builds = {
+        "x86": [c for c in native if c not in ("-shared", "-fPIC")] + source,
+        "arm": [*zig, "-target", "aarch64-linux-musl", *flags, *source],
+    }
+    runs = {
+        name: subprocess.Popen(
+            [*command, "-o", name], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        for name, command in builds.items()
+    }
+    for name, run in runs.items():
+        out = run.communicate(timeout=1200)[0].decode()
+        assert run.returncode == 0, f"{name}:\n{out[-3000:]}"
+    lines = {}
+    for name, command in (("x86", ["./x86"]), ("arm", [qemu, "./arm"])):
+        got = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert got.returncode == 0, f"{name}: {got.stderr[-3000:]}"
+        lines[name] = got.stdout.splitlines()
+    # the float environment flushes a product below 2**-126 to zero on both
+    env = "environment: 2**-100 * 2**-30 = 00000000 (flushed: 00000000)"
+    assert lines["x86"][0] == lines["arm"][0] == env, (lines["x86"][0], lines["arm"][0])
+    x86 = {tuple(line.split()[:2]): line.split()[2:] for line in lines["x86"][1:]}
+    arm = {tuple(line.split()[:2]): line.split()[2:] for line in lines["arm"][1:]}
+    assert len(arm) >= 19 and {clone for _, clone in arm} == {"baseline"}, sorted(arm)
+    for (case, _), got in arm.items():  # NEON against SSE2 (and the wider x86 clones)
+        assert got == x86[(case, "baseline")], (case, got, x86[(case, "baseline")])
+    for (case, clone), got in x86.items():
+        assert got == x86[(case, "baseline")], (case, clone)
 
 
 def test_clang_builds_the_x86_clones(tmp_path):
@@ -137,8 +183,23 @@ def test_a_source_that_does_not_build_is_said_once_at_install_and_never_built_ag
         record["built_for"].split()[2] == kernel_build.built_for(src / "fp4lab" / "core").split()[2]
     )
     assert "broken on purpose" in record["log"]  # the compiler's output, kept
-    # a run: the reason once, and no compiler started (a compiler that would log its call)
+    # the first import says the reason, without pip -v, and later imports say nothing
     cxx, log = _logging_compiler(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(src), CXX=str(cxx))
+    imports = [
+        subprocess.run(
+            [sys.executable, "-c", "import fp4lab"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    first, second = ([ln for ln in i.stderr.splitlines() if "fp4lab:" in ln] for i in imports)
+    assert len(first) == 1 and "the install could not build" in first[0], first
+    assert "broken on purpose" in first[0] and second == [], second
+    # a run: the reason once, and no compiler started (a compiler that would log its call)
     for _ in range(2):  # every process, each once
         got, said = _probe(src, tmp_path, CXX=str(cxx))
         assert got[:1] == [False] and got[2] is False
