@@ -180,8 +180,7 @@ class Config:
     # measurement
     telemetry_every: int = 0  # operand statistics every k steps (0: off)
     # cheap per-step signals of instability, every step, no shadow (`fp4lab.train.signals`):
-    # update-to-weight ratio, the norm layers' largest scale, and the LM's logit z and
-    # largest attention logit
+    # the update-to-weight ratio and the norm layers' largest scale (series beside grad_norm)
     signals: bool = False
     shadow: bool = False  # with telemetry: also the high-precision shadow (grad/, acc/ metrics)
     # with the shadow: 0 (off) or K >= 2 more draws of the quantization keys at each logged step
