@@ -272,6 +272,7 @@ def unmatched_rules(model: nnx.Module, rules) -> list[Rule]:
     they match is taken by an earlier rule (first match wins). The model is left as it is."""
     rules = _as_rules(rules)
     _, used = _plan(model, rules)
+    _norm_plan(model, rules, used)  # a rule that reaches only norm vectors is used too
     return [rule for rule, u in zip(rules, used, strict=True) if not u]
 
 

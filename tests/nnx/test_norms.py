@@ -59,6 +59,10 @@ def test_quantize_model_reaches_the_norms_its_rules_give_a_norms_spec():
     assert norms.norm_spec(model.blocks[1].norm) is None
     fl.nnx.rules.unquantize(model)
     assert not (fl.describe(model)["op"] == "norm").any()
+    # a rule that reaches only a norm's vectors is a rule that matched
+    only = [fl.Rule(r"norm", recipe), fl.Rule(".*", None)]
+    assert fl.nnx.rules.unmatched_rules(model, only) == []
+    fl.nnx.rules.check_rules(nnx.eval_shape(lambda: model), only)
 
 
 @pytest.mark.parametrize("scan", [False, True])
