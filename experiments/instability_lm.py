@@ -5,29 +5,26 @@
 Wortsman et al. 2023 (arXiv 2309.14322) see large runs' instabilities (attention-logit growth,
 output-logit divergence) in small Transformers at high learning rates, and mend them with
 qk-layernorm and a z-loss. The 4-block LM of the other LM studies (64 wide, 1024 tokens a step,
-250 steps, Adam, no gradient clipping) at lr 0.1, 0.3 and 1.0 under BF16, MXFP4, NVFP4, MXFP4
-with the RMSNorm vectors in MXFP4 too ("+ln"), and with qk-layernorm (`qk_norm=True`) or a
-z-loss of 1e-4 (`z_loss`). `analyze` writes rates.csv (spike and divergence shares per cell,
-exact intervals), contrasts.csv (each quantized cell against BF16 at its lr, Fisher's exact
-test, Bonferroni over all), lr_loss.csv, sensitivity.csv and figures/lr_loss.png.
-"""
+250 steps, Adam, no gradient clipping, 3 seeds) at lr 0.3 and 1.0, where a pilot saw it go from
+stable (up to 0.3) to diverged (1.0), under BF16, MXFP4, and MXFP4 with qk-layernorm
+(`qk_norm=True`) or a z-loss of 1e-4 (`z_loss`). `analyze` writes rates.csv (spike and
+divergence shares per cell, exact intervals), contrasts.csv (each quantized cell against BF16
+at its lr, Fisher's exact test, Bonferroni over all), lr_loss.csv, sensitivity.csv and
+figures/lr_loss.png."""
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-import fp4lab as fl  # noqa: E402
 from fp4lab.analysis import instability  # noqa: E402
 from fp4lab.train.config import Config  # noqa: E402
 
-SEEDS = 4
-LRS = (0.1, 0.3, 1.0)
+SEEDS = 3
+LRS = (0.3, 1.0)
 PRECISIONS = {
     "bf16": dict(recipe="bf16"),
     "mxfp4": dict(recipe="mxfp4"),
-    "nvfp4": dict(recipe="nvfp4"),
-    "mxfp4+ln": dict(recipe="mxfp4", gemms={"norms": fl.mxfp4()}),
     "mxfp4 qk-norm": dict(recipe="mxfp4", qk_norm=True),
     "mxfp4 z-loss": dict(recipe="mxfp4", z_loss=1e-4),
 }
@@ -67,7 +64,8 @@ def analyze(results):
     spiked = instability.contrasts(runs, pairs, outcome="spiked")
     diverged = instability.contrasts(runs, pairs, outcome="diverged_at_end")
     table, per_lr = instability.lr_sensitivity(runs, by="precision")
-    _figure(per_lr, results.path / "figures" / "lr_loss.png")
+    if len(results.metrics):  # drawn by the run; the committed folder keeps the records only
+        _figure(per_lr, results.path / "figures" / "lr_loss.png")
     return {
         "rates": instability.spike_rates(runs, by=("precision", "lr")),
         "contrasts": spiked,

@@ -1,0 +1,45 @@
+"""The committed instability tables recompute, byte for byte, from the committed records of
+results/instability_*/ (what `fp4lab run experiments/instability_*.py` wrote), and every
+instability experiment file plans its cells (its configs valid, the forks found in the
+committed parent)."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import fp4lab as fl
+from fp4lab import sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+# study -> the tables its analyze recomputes from the records alone
+TABLES = {
+    "instability_proxy": ("rates", "contrasts"),
+    "instability_damping": ("rates", "contrasts"),
+    "instability_forks": ("forks", "averted"),
+    "instability_streams": ("attribution", "rates"),
+    "instability_proxy_lr": ("rates", "lr_loss", "sensitivity"),
+    "instability_lm": ("rates", "contrasts", "contrasts_diverged", "lr_loss", "sensitivity"),
+}
+
+
+def _written(table: pd.DataFrame) -> str:
+    return table.to_csv(index=False, float_format="%.5g")
+
+
+@pytest.mark.parametrize("study", sorted(TABLES))
+def test_the_tables_recompute_from_the_records(study, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the forks' and the lr study's parent paths are the repository's
+    experiment = sweep.load_experiment(ROOT / "experiments" / f"{study}.py")
+    tables = experiment.analyze(fl.load(ROOT / "results" / study, metrics=False))
+    for name in TABLES[study]:
+        assert _written(tables[name]) == (ROOT / "results" / study / f"{name}.csv").read_text()
+
+
+@pytest.mark.parametrize("study", [*sorted(TABLES), "instability_proxy_key"])
+def test_every_instability_study_plans_its_cells(study, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    experiment = sweep.load_experiment(ROOT / "experiments" / f"{study}.py")
+    assert experiment.cells and all(cell.seeds for cell in experiment.cells)
+    if study == "instability_forks":  # one fork per change and spiking parent run
+        assert len(experiment.cells) == 3 * 6
