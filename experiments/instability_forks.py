@@ -20,12 +20,14 @@ spike at or after the fork) and averted.csv (per change: events averted, or dela
 than 20 steps, with exact intervals).
 """
 
+from pathlib import Path
+
 from fp4lab.analysis import instability
 from fp4lab.sweep import forks
 from fp4lab.sweep.store import load
 from fp4lab.train.config import Config
 
-PARENT = "results/instability_proxy"
+PARENT = Path(__file__).resolve().parents[1] / "results" / "instability_proxy"
 BEFORE = 50
 DELAY = 20
 FIRST = 6  # the runs of seeds 0-5 (each fork is a program of its own: about a minute each)

@@ -13,6 +13,8 @@ each; `analyze` joins the proxy study's lr-0.1 runs (its first 3 seeds) and writ
 (spike and divergence shares per cell), lr_loss.csv (capped mean final loss per precision and
 lr, t-intervals), sensitivity.csv and figures/lr_loss.png."""
 
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -33,7 +35,9 @@ PRECISIONS = {
     "mxfp4": dict(recipe="mxfp4"),
     "mxfp4+ln": dict(recipe="mxfp4", gemms=LN),
 }
-AT_0_1 = "results/instability_proxy"  # the same cells at lr 0.1 (their first 3 seeds)
+AT_0_1 = (
+    Path(__file__).resolve().parents[1] / "results" / "instability_proxy"
+)  # the same cells at lr 0.1 (their first 3 seeds)
 
 
 def get_config():
