@@ -20,6 +20,8 @@ def test_the_scanned_lm_is_diagnosed_as_the_unscanned_one():
     assert list(a.index) == list(b.index) and len(a) == 3 * 15
     assert "blocks.1.mlp.down" in a.index.get_level_values(0)
     for score in ("own_error", "alone_grad_rel", "removed_grad_rel"):
-        np.testing.assert_allclose(b[score], a[score], rtol=1e-3, atol=1e-5)
+        # the scan sums in another order: a score's ratio of inner products moves by up to
+        # 0.2 % over the short run (1 of 45 at 0.17 % on an AMD EPYC)
+        np.testing.assert_allclose(b[score], a[score], rtol=2e-3, atol=1e-5)
     np.testing.assert_array_equal(b["depth"], a["depth"])
     assert (a["own_error"] > 0.01).all()  # every GEMM quantized for real in its variant
