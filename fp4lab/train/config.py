@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from typing import Any
 
 from fp4lab import schema
@@ -46,6 +45,14 @@ from fp4lab.core.recipes import GemmRecipe
 from fp4lab.core.spec import QuantSpec
 from fp4lab.core.stats import METHODS as STATS_METHODS
 from fp4lab.schema import BACKENDS, RECORDED_BEFORE
+from fp4lab.train.config_fields import (
+    ConfigError,
+    choice,
+    coerce,
+    gemms_field,
+    recipe_field,
+    rules_field,
+)
 
 __all__ = [
     "Config",
@@ -113,10 +120,6 @@ _NUMBERS: dict[str, dict[str, Any]] = {
     "target_window": _INT_1,
     "seed_batch": _INT_1,
 }
-
-
-class ConfigError(ValueError):
-    """A bad config field: the message names the field, the value and what is allowed."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -217,16 +220,16 @@ class Config:
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name), f.default))
-        _choice("task", self.task, TASKS)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("schedule", self.schedule, SCHEDULES)
-        _choice("loss_scaling", self.loss_scaling, LOSS_SCALING)
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("backend", self.backend, BACKENDS)
-        _choice("telemetry_stats", self.telemetry_stats, STATS_METHODS)
-        _choice("target_on", self.target_on, TARGET_ON)
-        _choice("activation", self.activation, ACTIVATIONS)
+            object.__setattr__(self, f.name, coerce(f.name, getattr(self, f.name), f.default))
+        choice("task", self.task, TASKS)
+        choice("optimizer", self.optimizer, OPTIMIZERS)
+        choice("schedule", self.schedule, SCHEDULES)
+        choice("loss_scaling", self.loss_scaling, LOSS_SCALING)
+        choice("dtype", self.dtype, DTYPES)
+        choice("backend", self.backend, BACKENDS)
+        choice("telemetry_stats", self.telemetry_stats, STATS_METHODS)
+        choice("target_on", self.target_on, TARGET_ON)
+        choice("activation", self.activation, ACTIVATIONS)
         for name, rule in _NUMBERS.items():
             schema.check_number("Config", name, getattr(self, name), error=ConfigError, **rule)
         for name in ("hidden", "teacher_hidden"):
@@ -275,11 +278,11 @@ class Config:
             )
         if self.target_loss is not None and self.target_gap is not None:
             raise ConfigError("Config.target_loss and Config.target_gap: set at most one")
-        object.__setattr__(self, "recipe", _recipe("recipe", self.recipe))
-        object.__setattr__(self, "gemms", _gemms("gemms", self.gemms))
+        object.__setattr__(self, "recipe", recipe_field("recipe", self.recipe))
+        object.__setattr__(self, "gemms", gemms_field("gemms", self.gemms))
         if self.backward:
-            _choice("backward", self.backward, schema.BACKWARD_MODES)
-        object.__setattr__(self, "rules", _rules("rules", self.rules))
+            choice("backward", self.backward, schema.BACKWARD_MODES)
+        object.__setattr__(self, "rules", rules_field("rules", self.rules))
         object.__setattr__(self, "phases", self._check_phases(self.phases))
         for i, (_, state) in enumerate(self.precision()):  # GEMMs with two Hadamards, ...
             try:
@@ -319,13 +322,13 @@ class Config:
                 )
             change = dict(change)
             if "recipe" in change:
-                change["recipe"] = _recipe(f"phases[{i}].recipe", change["recipe"])
+                change["recipe"] = recipe_field(f"phases[{i}].recipe", change["recipe"])
             if "backward" in change:
-                _choice(f"phases[{i}].backward", change["backward"], schema.BACKWARD_MODES)
+                choice(f"phases[{i}].backward", change["backward"], schema.BACKWARD_MODES)
             if "gemms" in change:
-                change["gemms"] = _gemms(f"phases[{i}].gemms", change["gemms"])
+                change["gemms"] = gemms_field(f"phases[{i}].gemms", change["gemms"])
             if "rules" in change:
-                change["rules"] = _rules(f"phases[{i}].rules", change["rules"])
+                change["rules"] = rules_field(f"phases[{i}].rules", change["rules"])
             if "lr_scale" in change:
                 lr_scale = change["lr_scale"]
                 if isinstance(lr_scale, int) and not isinstance(lr_scale, bool):
@@ -417,114 +420,3 @@ def make(overrides: dict[str, Any] | None = None, base: Config | None = None) ->
         raise ConfigError(f"unknown config fields {unknown}; allowed: {', '.join(fields())}{hints}")
     base = base or Config()
     return dataclasses.replace(base, **overrides)
-
-
-# ---------------------------------------------------------------------------------------------
-# Field checks.
-
-
-def _choice(name: str, value, allowed) -> None:
-    schema.check_choice("Config", name, value, allowed, ConfigError)
-
-
-def _recipe(name: str, value, *, optional: bool = False) -> str | GemmRecipe | None:
-    """A recipe as the config stores it: a built-in name, or a GemmRecipe (a registered name
-    and the dict form resolved; a value equal to a built-in recipe becomes its name)."""
-    if value is None and optional:
-        return None
-    if isinstance(value, str):
-        _choice(name, value, recipes.names())
-        if value in recipes.builtin_names():
-            return value
-        value = recipes.get(value)
-    elif isinstance(value, dict):
-        try:
-            value = GemmRecipe.from_dict(value)
-        except ValueError as e:
-            raise ConfigError(f"Config.{name}: {e}") from e
-    elif not isinstance(value, GemmRecipe):
-        allowed = f"a recipe name ({', '.join(recipes.names())}), a GemmRecipe"
-        allowed += " or None" if optional else ""
-        if isinstance(value, QuantSpec):
-            raise ConfigError(
-                f"Config.{name}=QuantSpec({value.summary()}): a QuantSpec is one operand (put it "
-                f"in a GemmRecipe, or override operands with Config.gemms); allowed: {allowed}"
-            )
-        raise ConfigError(f"Config.{name}={value!r} ({type(value).__name__}); allowed: {allowed}")
-    return recipes.builtin_name(value) or value
-
-
-def _coerce(name: str, value, default):
-    """Checks the type of a field against its default's and normalizes lists to tuples."""
-    if name == "recipe":  # a name or a value: `_recipe` checks it
-        return value
-    kind = type(default)
-    if default is None:  # optional float
-        if value is None:
-            return None
-        kind = float
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is tuple:
-        if isinstance(value, dict):
-            return tuple(sorted(value.items()))
-        if isinstance(value, list | tuple):
-            return tuple(tuple(v) if isinstance(v, list) else v for v in value)
-    if kind is int and isinstance(value, bool):
-        raise ConfigError(f"Config.{name}={value!r}; must be an int, got bool")
-    if not isinstance(value, kind):
-        what = "a float or None" if default is None else kind.__name__
-        raise ConfigError(f"Config.{name}={value!r} ({type(value).__name__}); must be {what}")
-    return value
-
-
-def _gemms(name: str, value) -> tuple:
-    """Per-GEMM and per-operand overrides as the config stores them, sorted by key: a built-in
-    name, a QuantSpec (its dict form read) or None; a GemmRecipe that is not built-in becomes
-    the specs it gives the key's operands (an operand key given as well wins)."""
-    try:
-        given = dict(value) if value else {}
-    except (TypeError, ValueError) as e:
-        raise ConfigError(
-            f"Config.{name}={value!r}; allowed: a dict {{GEMM or operand: recipe, spec or None}}"
-        ) from e
-    out: dict[str, Any] = {}
-    from_gemms: dict[str, QuantSpec | None] = {}
-    for key, src in given.items():
-        _choice(f"{name} key", key, (*schema.GEMMS, *schema.OPERAND_NAMES, "norms"))
-        where = f"{name}[{key!r}]"
-        if isinstance(src, dict):
-            try:
-                src = QuantSpec.from_dict(src)
-            except ValueError as e:
-                raise ConfigError(f"Config.{where}: {e}") from e
-        elif isinstance(src, str | GemmRecipe):
-            src = _recipe(where, src)
-        elif src is not None and not isinstance(src, QuantSpec):
-            raise ConfigError(
-                f"Config.{where}={src!r} ({type(src).__name__}); allowed: a recipe name, a "
-                "GemmRecipe, a QuantSpec or None"
-            )
-        if isinstance(src, GemmRecipe) and key in schema.GEMMS:  # only its specs here count
-            for o in schema.OPERANDS[key]:
-                from_gemms[schema.operand_name(key, o)] = src.spec(key, o)
-        elif isinstance(src, GemmRecipe):
-            out[key] = getattr(src, key)
-        else:
-            out[key] = src
-    out = {k: v for k, v in from_gemms.items() if k not in out} | out  # operand keys win
-    return tuple(sorted(out.items()))
-
-
-def _rules(name: str, value) -> tuple:
-    out = []
-    for i, rule in enumerate(value):
-        if not isinstance(rule, list | tuple) or len(rule) != 2:
-            raise ConfigError(f"Config.{name}[{i}]={rule!r}; allowed: (path regex, recipe or None)")
-        path, recipe = rule
-        try:
-            re.compile(path)
-        except (re.error, TypeError) as e:
-            raise ConfigError(f"Config.{name}[{i}] path {path!r} is not a regex: {e}") from e
-        out.append((path, _recipe(f"{name}[{i}] recipe", recipe, optional=True)))
-    return tuple(out)
