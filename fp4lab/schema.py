@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "STREAMS",
+    "SIGNALS",
     "SEED_COLUMNS",
     "SEED_LIMIT",
     "GEMMS",
@@ -72,6 +73,8 @@ __all__ = [
 ]
 
 STREAMS = ("init", "data", "quant")
+# the per-step instability signals a record keeps when Config.signals asks (fp4lab.train.signals)
+SIGNALS = ("update_ratio", "norm_max")
 SEED_COLUMNS = tuple(f"seed_{s}" for s in STREAMS)  # a stream's seed in a runs table
 # a stream's seed lies in [0, SEED_LIMIT): jax.random.key(seed) keeps the seed's low 32 bits,
 # so 2**32 + 1 (or -1) would give the stream of 1 (of 2**32 - 1) under another run id

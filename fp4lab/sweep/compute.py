@@ -44,12 +44,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fp4lab.core import cpu_kernels
-from fp4lab.schema import STREAMS
+from fp4lab.schema import SIGNALS, STREAMS
 from fp4lab.sweep import programs as stored_programs
 from fp4lab.sweep import step_reports
 from fp4lab.sweep.provenance import cpu
 from fp4lab.train.config import Config
-from fp4lab.train.signals import SIGNALS
 
 __all__ = [
     "call_width",

@@ -19,10 +19,9 @@ import optax
 from flax import nnx
 
 from fp4lab.nnx.norms import NORM_TYPES
+from fp4lab.schema import SIGNALS
 
 __all__ = ["SIGNALS", "step_signals"]
-
-SIGNALS = ("update_ratio", "norm_max")
 
 
 def step_signals(model: nnx.Module, params, updates) -> dict[str, jax.Array]:
