@@ -47,10 +47,13 @@ def sweep(add):
 
 
 def analyze(results):
-    parents = load(PARENT, metrics=False).runs.set_index("run_id")
-    rows = []
+    runs = load(PARENT, metrics=False).runs
+    parents = runs.set_index("run_id")
+    rows, ids = [], {}  # ids: (change, parent) -> the fork's run id
     for run in results.runs.itertuples():
-        change, parent = forks.parent_of(run.cell)
+        seeds = (run.seed_init, run.seed_data, run.seed_quant)
+        change, parent = forks.parent_of_run(run.cell, seeds, runs)
+        ids[change, parent] = run.run_id
         event = int(parents.loc[parent, "first_spike"])
         step = event - BEFORE
         after = [s for s, _, _ in instability.parse_events(run.spike_events) if s >= step]
@@ -74,11 +77,11 @@ def analyze(results):
     tables = {"forks": table, "averted": instability.fork_outcomes(table)}
     if len(results.metrics):  # the figure needs the series (the committed folder: records)
         parent_series = load(PARENT, metrics=["loss"], cells=["bf16+ln"]).metrics
-        _figure(table, results, parent_series, results.path / "figures" / "forks.png")
+        _figure(table, results, ids, parent_series, results.path / "figures" / "forks.png")
     return tables
 
 
-def _figure(table, results, parent_series, path):
+def _figure(table, results, ids, parent_series, path):
     """The parent's and each fork's loss around the event, for the first four parents."""
     import matplotlib
 
@@ -86,7 +89,6 @@ def _figure(table, results, parent_series, path):
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    ids = dict(zip(results.runs["cell"], results.runs["run_id"], strict=True))
     loss = results.metrics[results.metrics["metric"] == "loss"]
     parents = list(dict.fromkeys(table["parent"]))[:4]
     fig, axes = plt.subplots(1, len(parents), figsize=(4 * len(parents), 3.2), squeeze=False)
@@ -98,7 +100,7 @@ def _figure(table, results, parent_series, path):
         p = p[p["step"].between(lo, hi)]
         ax.plot(p["step"], p["value"], color="black", lw=1.5, label="parent")
         for change in rows["change"]:
-            f = loss[loss["run_id"] == ids[f"{change} @ {parent}"]]
+            f = loss[loss["run_id"] == ids[change, parent]]
             f = f[f["step"].between(event - BEFORE, hi)]
             ax.plot(f["step"], f["value"], lw=1, alpha=0.8, label=change)
         ax.axvline(event - BEFORE, color="grey", ls=":", lw=1)

@@ -24,21 +24,29 @@ fork measures what the redraw alone does.
 `fork_cells(parent, before=k, changes=...)` lists one fork per (run with a spike event,
 change), taken k steps before the run's first event; `add_forks(add, ...)` adds them to an
 experiment file's sweep, each labelled "<change> @ <parent run id>", so the fork's record keeps
-its parent's id. `fp4lab.analysis.instability.fork_outcomes` gives the shares averted.
+its parent's id. Two runs of one parent cell whose first events fall on the same step have forks
+of one config (on their own seeds): those share a cell, "<change> @ <id>+<id>", one run per
+parent; `parent_of_run` finds a fork run's parent by its seeds.
+`fp4lab.analysis.instability.fork_outcomes` gives the shares averted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import pandas as pd
+
+from fp4lab.schema import SEED_COLUMNS
 from fp4lab.sweep.store import Store, load
 
-__all__ = ["Fork", "fork_cells", "add_forks", "parent_of"]
+__all__ = ["Fork", "fork_cells", "add_forks", "parent_of", "parent_of_run"]
 
 _SEP = " @ "
+_JOIN = "+"  # between the parents of one fork cell (run ids are hex)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +65,27 @@ class Fork:
 
 
 def parent_of(label: str) -> tuple[str, str]:
-    """(change name, parent run id) of a fork's cell label."""
+    """(change name, parent run id) of a fork's cell label (ids joined by "+" where the cell
+    holds the forks of several parents: `parent_of_run` picks a run's own)."""
     change, sep, parent = label.rpartition(_SEP)
     if not sep:
         raise ValueError(f"{label!r} is not a fork's label ('<change>{_SEP}<parent run id>')")
     return change, parent
+
+
+def parent_of_run(label: str, seeds: Sequence[int], parents: pd.DataFrame) -> tuple[str, str]:
+    """(change name, parent run id) of one fork run: of its cell's parents (`parent_of`), the
+    one whose seeds (init, data, quant) are the run's. `parents`: the parent study's runs table.
+
+    Raises:
+      ValueError: not a fork's label, or no parent of the label has these seeds.
+    """
+    change, ids = parent_of(label)
+    rows = parents[parents["run_id"].isin(ids.split(_JOIN))]
+    match = rows[(rows[list(SEED_COLUMNS)] == [int(s) for s in seeds]).all(axis=1)]
+    if len(match) != 1:
+        raise ValueError(f"{label!r}: no parent run with seeds {tuple(seeds)} in {ids}")
+    return change, str(match["run_id"].iloc[0])
 
 
 def fork_cells(
@@ -126,10 +150,16 @@ def fork_cells(
 
 
 def add_forks(add: Callable, parent: str | os.PathLike, **kwargs) -> list[Fork]:
-    """`fork_cells(parent, **kwargs)`, each added to an experiment file's sweep with `add`."""
+    """`fork_cells(parent, **kwargs)` added to an experiment file's sweep with `add`: a cell per
+    fork, or per set of forks of one config (parents of one config forked at one step, on
+    their own seeds: "<change> @ <id>+<id>")."""
     forks = fork_cells(parent, **kwargs)
+    same: dict[str, list[Fork]] = {}
     for f in forks:
-        add(f.label, seeds=[f.seeds], **f.config)
+        same.setdefault(json.dumps(f.config, sort_keys=True, default=str), []).append(f)
+    for group in same.values():
+        label = f"{group[0].change}{_SEP}{_JOIN.join(f.parent for f in group)}"
+        add(label, seeds=[f.seeds for f in group], **group[0].config)
     return forks
 
 
