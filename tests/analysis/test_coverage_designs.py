@@ -47,34 +47,45 @@ SIMS, CHUNK = 1000, 50
 DRAWS = {0.95: 4000, LM_LEVEL: 10_000}  # ~11 draws beyond each Bonferroni end
 
 
-def two_stream(levels: int, sd, gen) -> pd.DataFrame:
+def two_stream_y(levels: int, sd, gen) -> np.ndarray:
+    """The outcomes of `two_stream` without the table (the simulations make thousands)."""
     i, j = (x.ravel() for x in np.meshgrid(range(levels), range(levels), indexing="ij"))
-    y = (
+    return (
         sd[0] * gen.normal(size=levels)[i]
         + sd[1] * gen.normal(size=levels)[j]
         + sd[2] * gen.normal(size=levels * levels)
     )
-    return pd.DataFrame(dict(d=y, seed_init=i, seed_data=j, seed_quant=0))
 
 
-@pytest.mark.parametrize("level", [0.95, LM_LEVEL], ids=["95%", "bonferroni-22"])
+def two_stream(levels: int, sd, gen) -> pd.DataFrame:
+    i, j = (x.ravel() for x in np.meshgrid(range(levels), range(levels), indexing="ij"))
+    return pd.DataFrame(
+        dict(d=two_stream_y(levels, sd, gen), seed_init=i, seed_data=j, seed_quant=0)
+    )
+
+
 @pytest.mark.parametrize("levels", [10, 5])
 @pytest.mark.parametrize("design", sorted(TWO_STREAM))
-def test_the_two_stream_generalized_interval_covers(design, levels, level):
+def test_the_two_stream_generalized_interval_covers(design, levels):
+    """At 95 % and 1 - 0.05/22 on the same tables and draws: the 95 % intervals take the first
+    DRAWS[0.95] of each table's DRAWS[LM_LEVEL] draws (independent draws, so as many draws of
+    their own as when each level was its own test, with its own tables)."""
     gen = np.random.default_rng(levels * 7 + sorted(TWO_STREAM).index(design))
-    misses = 0
+    lay = crossed.layout(two_stream(levels, TWO_STREAM[design], np.random.default_rng(0)))
+    assert lay.factors == ("init", "data") and lay.balanced  # every table's layout
+    misses = dict.fromkeys(DRAWS, 0)
     for _ in range(0, SIMS, CHUNK):
-        tables = [two_stream(levels, TWO_STREAM[design], gen) for _ in range(CHUNK)]
-        lay = crossed.layout(tables[0])
-        assert lay.factors == ("init", "data") and lay.balanced
-        per = [crossed.mean_squares(t["d"].to_numpy(), lay) for t in tables]
+        ys = [two_stream_y(levels, TWO_STREAM[design], gen) for _ in range(CHUNK)]
+        per = [crossed.mean_squares(y, lay) for y in ys]
         ms = {s: (np.array([[p[s][0]] for p in per]), per[0][s][1]) for s in per[0]}
-        mean = np.array([[t["d"].mean()] for t in tables])
-        gci = crossed.gci_from_mean_squares(ms, lay, mean, draws=DRAWS[level], rng=gen)
-        ends = crossed.quantile_ends(gci["mean"], level)
-        misses += int(np.sum(~((ends.lo <= 0.0) & (0.0 <= ends.hi))))
-    lo, hi = band(SIMS, 1 - level)
-    assert misses <= hi, f"{misses} misses of {SIMS} at {level:.5f}; band [{lo}, {hi}]"
+        mean = np.array([[y.mean()] for y in ys])
+        gci = crossed.gci_from_mean_squares(ms, lay, mean, draws=max(DRAWS.values()), rng=gen)
+        for level, draws in DRAWS.items():
+            ends = crossed.quantile_ends(gci["mean"][:, :draws], level)
+            misses[level] += int(np.sum(~((ends.lo <= 0.0) & (0.0 <= ends.hi))))
+    for level in DRAWS:
+        lo, hi = band(SIMS, 1 - level)
+        assert misses[level] <= hi, f"{misses} misses of {SIMS} at {level:.5f}; band [{lo}, {hi}]"
 
 
 def test_the_library_s_contrast_is_the_simulated_interval():
@@ -87,33 +98,50 @@ def test_the_library_s_contrast_is_the_simulated_interval():
     assert interval.method == "generalized" and (interval.lo, interval.hi) == (ends.lo, ends.hi)
 
 
-@pytest.mark.parametrize(
-    "level", [0.95, 1 - 0.05 / 6, LM_LEVEL], ids=["95%", "bonferroni-6", "bonferroni-22"]
-)
+POOLED_LEVELS = (0.95, 1 - 0.05 / 6, LM_LEVEL)
+
+
+def pigeonhole_at(interval, level, to, fewest):
+    """A pigeonhole `crossed.mean_interval` at level `to` from the one at `level`: the same
+    bootstrap SD times the t quantile of `to` on fewest - 1 df (mean_interval's formula)."""
+    t = scipy_stats.t(fewest - 1)
+    half = (interval.hi - interval.estimate) * t.ppf(0.5 + to / 2) / t.ppf(0.5 + level / 2)
+    return interval.estimate - half, interval.estimate + half
+
+
 @pytest.mark.parametrize("levels", [10, 5])
 @pytest.mark.parametrize("design", sorted(TWO_STREAM))
-def test_the_pooled_two_blocks_pigeonhole_interval_covers(design, levels, level):
+def test_the_pooled_two_blocks_pigeonhole_interval_covers(design, levels):
     """A replication's pooled contrast (`fp4lab replicate` on randomness_vs_error_lm): the
     committed L x L init x data block and the fresh one on levels it never used, so the
     layout is two blocks, not a crossing; `crossed.mean_interval` gives it Owen's pigeonhole
     bootstrap with t on 2L - 1 df. 500 tables a case, 2000 resamples each (the verdict takes
     up to 10,000: a steadier standard error of the same expectation). Conservative here: 0-20
-    misses in 500 at 95 %, none at the Bonferroni level."""
+    misses in 500 at 95 %, none at the Bonferroni level.
+
+    At 95 %, 1 - 0.05/6 (the pooled verdict's family) and 1 - 0.05/22 on the same tables and
+    resamples (as when each level was its own test): the 95 % interval is mean_interval's, the
+    others its bootstrap SD times their t quantile, checked against mean_interval at their
+    level on every 25th table."""
     gen = np.random.default_rng(levels * 11 + sorted(TWO_STREAM).index(design))
-    sims, misses = 500, 0
+    sims, misses = 500, dict.fromkeys(POOLED_LEVELS, 0)
+    first, second = (two_stream(levels, TWO_STREAM[design], np.random.default_rng(0)) for _ in "ab")
+    second[["seed_init", "seed_data"]] += levels
+    lay = crossed.layout(pd.concat([first, second], ignore_index=True))  # every table's
+    assert lay.levels == (2 * levels, 2 * levels) and not lay.balanced
     for r in range(sims):
-        first, second = (two_stream(levels, TWO_STREAM[design], gen) for _ in range(2))
-        second[["seed_init", "seed_data"]] += levels
-        table = pd.concat([first, second], ignore_index=True)
-        lay = crossed.layout(table)
-        assert lay.levels == (2 * levels, 2 * levels) and not lay.balanced
-        interval = crossed.mean_interval(
-            table["d"].to_numpy(), lay, level=level, draws=2000, seed=r
-        )
+        y = np.concatenate([two_stream_y(levels, TWO_STREAM[design], gen) for _ in "ab"])
+        interval = crossed.mean_interval(y, lay, level=POOLED_LEVELS[0], draws=2000, seed=r)
         assert interval.method == "pigeonhole"
-        misses += not interval.lo <= 0.0 <= interval.hi
-    lo, hi = band(sims, 1 - level)
-    assert misses <= hi, f"{misses} misses of {sims} at {level:.5f}; band [{lo}, {hi}]"
+        for level in POOLED_LEVELS:
+            lo, hi = pigeonhole_at(interval, POOLED_LEVELS[0], level, min(lay.levels))
+            if r % 25 == 0:
+                printed = crossed.mean_interval(y, lay, level=level, draws=2000, seed=r)
+                assert (lo, hi) == pytest.approx((printed.lo, printed.hi), rel=1e-12, abs=1e-15)
+            misses[level] += not lo <= 0.0 <= hi
+    for level in POOLED_LEVELS:
+        lo, hi = band(sims, 1 - level)
+        assert misses[level] <= hi, f"{misses} misses of {sims} at {level:.5f}; band [{lo}, {hi}]"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from crossed_design import crossed_cell  # tests/analysis/crossed_design.py
+from crossed_design import crossed_cell, crossed_outcomes  # tests/analysis/crossed_design.py
 
 from fp4lab import analysis
 from fp4lab.analysis import crossed
@@ -53,9 +53,10 @@ def test_the_own_f_test_matches_its_formula():
 def test_the_own_f_test_holds_its_level_under_the_null():
     """Quant owns nothing; 2000 tables: rejections at 5 % within the binomial 99.9 % band."""
     rejections, sims = 0, 2000
+    levels, sd = (4, 3, 5), (1.0, 0.5, 0.0, 0.3, 0.0, 0.0, 1.5)
+    lay = crossed.layout(crossed_cell("c", levels, sd, 0))  # every table's layout
     for r in range(sims):
-        runs = crossed_cell("c", (4, 3, 5), (1.0, 0.5, 0.0, 0.3, 0.0, 0.0, 1.5), 10_000 + r)
-        y, lay = runs["loss_gap"].to_numpy(), crossed.layout(runs)
+        y = crossed_outcomes(levels, sd, 10_000 + r)[0]  # crossed_cell's loss_gap, no table
         rejections += crossed.own_test(crossed.mean_squares(y, lay), lay, 2).p < 0.05
     assert 70 <= rejections <= 133  # scipy.stats.binom(2000, 0.05).ppf([0.0005, 0.9995])
 
