@@ -4,6 +4,7 @@
 run failed end in one line with the first failure's reason."""
 
 import io
+import shutil
 import textwrap
 
 import pytest
@@ -113,11 +114,22 @@ def test_run_of_an_all_failed_sweep_gives_the_first_reason(all_failed, capsys):
     assert "does not divide" in line
 
 
+@pytest.fixture(scope="module")
+def all_failed_folder(tmp_path_factory):
+    """The folder of FAILING's sweep, run once for the tests that read it (each reads a copy)."""
+    tmp = tmp_path_factory.mktemp("failed")
+    path = tmp / "exp.py"
+    path.write_text(textwrap.dedent(FAILING))
+    sweep.run_experiment(sweep.load_experiment(path), tmp / "res", progress=False)
+    return tmp / "res"
+
+
 @pytest.mark.parametrize("command", ["plot", "report", "export"])
-def test_plot_and_report_of_an_all_failed_folder_are_one_line(all_failed, capsys, command):
-    path, out = all_failed
-    sweep.run_experiment(sweep.load_experiment(path), out, progress=False)
-    capsys.readouterr()
+def test_plot_and_report_of_an_all_failed_folder_are_one_line(
+    all_failed_folder, tmp_path, capsys, command
+):
+    out = tmp_path / "res"
+    shutil.copytree(all_failed_folder, out)
     argv = [command, "--tensorboard", str(out)] if command == "export" else [command, str(out)]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err.strip()

@@ -70,8 +70,12 @@ def test_forks_are_taken_before_each_run_s_first_event(parent):
 def test_a_fork_s_prefix_is_the_parent_s_bit_for_bit(parent):
     out, res = parent
     series = fl.load(out, metrics=["loss", "grad_norm"]).metrics
+    trains = {}  # one program per change: both parents' forks share it (their seeds differ)
     for f in forks.fork_cells(out, changes=CHANGES, before=5):
-        arrays = jax.jit(make_train(Config.from_dict(f.config)))(make_keys(*f.seeds))
+        cfg = Config.from_dict(f.config)
+        if cfg not in trains:
+            trains[cfg] = jax.jit(make_train(cfg))
+        arrays = trains[cfg](make_keys(*f.seeds))
         mine = series[series["run_id"] == f.parent].pivot(index="step", columns="metric")
         for name in ("loss", "grad_norm"):
             stored = mine["value"][name].to_numpy(np.float32)

@@ -119,7 +119,10 @@ def test_a_seed_does_not_depend_on_its_vmap_batch_and_reruns_are_bit_identical(t
 
 @pytest.mark.slow  # a subprocess
 def test_own_model_killed_resumed_and_read_back_as_built_in_tasks_are(tmp_path, capsys):
-    path = write_own(tmp_path / "exp", OWN.replace("steps=4", "steps=40"))
+    # a cell's 3 seeds in one call: one program per cell to compile (the property is the
+    # bookkeeping of a killed sweep, not the call widths, which the test above checks)
+    text = OWN.replace("steps=4", "steps=40").replace("seed_batch=2", "seed_batch=3")
+    path = write_own(tmp_path / "exp", text)
     out = tmp_path / "res"
     argv = ["run", str(path), "--out", str(out), "--quiet", "--no-figures", "--telemetry", "20"]
     env = os.environ | {"JAX_PLATFORMS": "cpu"}
@@ -178,7 +181,7 @@ def test_the_same_from_python_without_a_seed_loop(tmp_path):
     def loss(model, batch):
         return jnp.mean((model(batch[0]) - batch[1]) ** 2)
 
-    config = Config(steps=3, warmup=0, eval_batches=1, seed_batch=2)
+    config = Config(steps=3, warmup=0, eval_batches=1, seed_batch=3)  # a call for the 3 seeds
     records = fl.own.train(model, loss, sample, config.replace(recipe="nvfp4"), seeds=3)
     assert [r["seeds"]["init"] for r in records] == [0, 1, 2]
     assert all(r["status"] == "ok" and np.isfinite(r["summary"]["final_loss"]) for r in records)

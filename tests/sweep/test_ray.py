@@ -1,10 +1,12 @@
 """The ray executor: the same numbers as local, lost workers retried, failures recorded, resume.
 
-One local Ray instance (2 CPUs) serves the whole module; each sweep is a tiny teacher MLP. Most
-sweeps are one config at several seeds (a cell per seed pair), so a worker compiles it once and
-keeps it across tests. The compute functions below travel to the workers by value (this module
-is registered with cloudpickle), so the workers need not import it; they keep their state (crash
-markers, attempt logs) in files under tmp_path.
+One local Ray instance (2 CPUs) serves the whole module; each sweep is a tiny teacher MLP. The
+first test trains it (local and Ray, bit for bit); the tests of the executor's bookkeeping
+(retries, failures, cancels, the index) compute with `fakes.fake_compute` (plain data, no jax in
+the workers), as jax adds nothing to what they check. The compute functions below travel to the
+workers by value (this module and tests/fakes.py are registered with cloudpickle), so the
+workers need not import them; they keep their state (crash markers, attempt logs) in files
+under tmp_path.
 """
 
 import collections
@@ -15,6 +17,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import fakes  # tests/fakes.py
 import pandas as pd
 import pytest
 
@@ -56,7 +59,9 @@ def ray_cluster():
     """A fresh local Ray instance with 2 CPUs for this module; the workers inherit the CPU jax."""
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(fakes)
     yield ray
+    ray.cloudpickle.unregister_pickle_by_value(fakes)
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     ray.shutdown()
 
@@ -86,16 +91,17 @@ def first_seed(config, seeds) -> str:
     return str(seeds[0][0])
 
 
-def logged(log: Path, key=first_seed, crash=lambda config, seeds: False):
+def logged(log: Path, key=first_seed, crash=lambda config, seeds: False, cell=fakes.fake_compute):
     """compute(config, seeds) for the workers: logs key(config, seeds) to `log` (one line per
-    attempt), kills its own process when crash(config, seeds), else computes the cell."""
+    attempt), kills its own process when crash(config, seeds), else computes the cell with
+    `cell` (the fake by default)."""
 
     def compute(config, seeds):
         with open(log, "a") as f:
             f.write(f"{key(config, seeds)}\n")
         if crash(config, seeds):
             os._exit(1)  # no exception, no cleanup: the worker process is gone
-        return sweep.compute_cell(config, seeds)
+        return cell(config, seeds)
 
     return compute
 
@@ -154,7 +160,7 @@ def test_a_cell_that_raises_is_failed_with_its_traceback_not_retried(ray_cluster
     body = f'add(recipe="fp32")\nadd("text", task="text", text_path={str(tiny)!r})'
     exp = write_experiment(tmp_path, body)
     log = tmp_path / "attempts.log"
-    compute = logged(log, key=lambda config, seeds: config["task"])
+    compute = logged(log, key=lambda config, seeds: config["task"], cell=sweep.compute_cell)
     counts = sweep.run_experiment(
         exp, tmp_path / "res", executor="ray", compute=compute, progress=False
     )
@@ -248,7 +254,7 @@ def sleep_unless_first(config, seeds):
     """compute() that sleeps a minute before every cell but the one at seed 0."""
     if seeds[0][0] != 0:
         time.sleep(60)
-    return sweep.compute_cell(config, seeds)
+    return fakes.fake_compute(config, seeds)
 
 
 def test_interrupted_sweep_cancels_its_tasks_and_resumes(ray_cluster, tmp_path, monkeypatch):
@@ -288,7 +294,9 @@ def test_interrupted_sweep_cancels_its_tasks_and_resumes(ray_cluster, tmp_path, 
     while ray.available_resources().get("CPU", 0) < 2 and time.perf_counter() < deadline:
         time.sleep(0.1)
     assert ray.available_resources().get("CPU", 0) == 2
-    counts = sweep.run_experiment(exp, out, executor="ray", progress=False)
+    counts = sweep.run_experiment(
+        exp, out, executor="ray", compute=fakes.fake_compute, progress=False
+    )
     assert counts == {"cells": 4, "runs": 8, "skipped": 2, "done": 6, "failed": 0}
     after = run_files(out)
     assert set(after) == run_ids(exp)  # every run exactly once, no strays

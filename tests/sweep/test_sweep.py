@@ -239,7 +239,9 @@ def test_no_pickle_in_results(tmp_path):
 
 @pytest.mark.slow  # a subprocess
 def test_sweep_killed_mid_run_resumes_with_every_run_once(tmp_path):
-    body = "\n".join(f'add(recipe="fp32", lr={lr})' for lr in (1e-3, 2e-3, 3e-3, 4e-3))
+    # killed while it compiles the second cell (after the first cell's 2 records); the resume
+    # computes that cell's 4 seeds in 2 calls: one compile here, not one per cell left
+    body = 'add(recipe="fp32", lr=1e-3)\nadd(recipe="fp32", lr=2e-3, seeds=4)'
     path = write_experiment(tmp_path, body, steps=20)
     out = tmp_path / "res"
     env = os.environ | {"JAX_PLATFORMS": "cpu"}
