@@ -73,9 +73,12 @@ def _draw_here(model, k: int) -> dict[str, np.ndarray]:
         if isinstance(op, QuantizedOp) and op.qbase is not None:
             base = jax.random.fold_in(op.qbase[...], np.uint32(noise.NOISE_TAG))
             op.qbase[...] = jax.random.fold_in(base, np.uint32(k))
-    x, y = _data()
-    grad = nnx.jit(lambda m: nnx.grad(_loss, argnums=nnx.DiffState(0, nnx.Param))(m, x, y))
-    return _flat(grad(clone))
+    return _flat(_plain_grad(clone, *_data()))
+
+
+@nnx.jit  # one compile for every draw of both tests below
+def _plain_grad(model, x, y):
+    return nnx.grad(_loss, argnums=nnx.DiffState(0, nnx.Param))(model, x, y)
 
 
 def test_stochastic_rounding_statistics_match_draws_computed_here():
@@ -179,6 +182,8 @@ def test_scanned_lm_is_measured_per_layer():
 # The trainer and the config.
 
 
+# with recipe="nvfp4", telemetry_every=2 and shadow=True, a cell of tests/train/test_train.py
+# and tests/nnx/test_drift.py too: its program compiles once for the three files
 def _cell(**kw):
     cfg = Config(**(MLP_TASK | dict(batch_size=32, steps=5, eval_batches=1, seed_batch=4) | kw))
     return sweep.compute_cell(cfg.to_dict(), [(0, 1, 2)])[0]

@@ -32,11 +32,6 @@ def _loss(model, tokens):
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
 
-@nnx.jit
-def _step(model):
-    return telemetry.value_and_grad(_loss)(model, TOKENS)
-
-
 def test_scanned_transformer_starts_from_the_unscanned_parameters_stacked():
     a, b = (Transformer(TransformerConfig(**CFG, scan_layers=s), rngs=nnx.Rngs(0)) for s in (0, 1))
     for i in range(CFG["n_layers"]):
@@ -117,14 +112,27 @@ def test_rules_telemetry_drift_and_gradients_per_layer_match_the_unscanned_model
     )
 
 
-def test_a_rule_naming_one_block_quantizes_only_that_block():
+@nnx.jit
+def _twice(model):  # the second trace reuses jax's trace of the scanned blocks
+    first = telemetry.value_and_grad(_loss)(model, TOKENS)[2]
+    return first, telemetry.value_and_grad(_loss)(model, TOKENS)[2]
+
+
+def test_a_rule_naming_one_block_quantizes_only_that_block_and_a_second_trace_measures_it_too():
+    """One compile for both: the step's statistics, and a step traced twice in one program
+    reports every depth both times."""
     rules = [fl.Rule(r"blocks\.1\..*", "nvfp4-rl"), fl.Rule(".*", None)]
     model = _model(True, rules)
-    _, _, metrics = _step(model)
+    metrics, second = _twice(model)
     layers = {k.split("/")[1] for k in metrics}
     seams = ("attn.query", "attn.key", "attn.value", "attn.out", "mlp.gate", "mlp.up", "mlp.down")
     assert layers == {f"blocks.1.{m}" for m in seams}
     assert isinstance(model.blocks.mlp.up.dot_general, QuantizedOp)
+    assert set(metrics) == set(second)
+    assert {k for k in metrics if k.startswith("depth/blocks.1.")}
+    for k in metrics:
+        if k.startswith("depth/"):
+            assert metrics[k] == second[k]
 
 
 def test_quantization_keys_advance_per_layer_and_differ_between_layers():
@@ -182,17 +190,3 @@ def test_trainer_runs_a_scanned_model_with_rules_and_telemetry_per_layer():
     assert all(np.shape(v) == (2,) and v[0] == v[1] for v in depth.values())
     order = sorted(depth, key=lambda k: depth[k][0])
     assert order[:7] == [f"blocks.0.{m}" for m in seams] and order[-1] == "lm_head"
-
-
-def test_a_step_traced_twice_reports_every_depth_both_times():
-    @nnx.jit
-    def twice(model):  # the second trace reuses jax's trace of the scanned blocks
-        first = telemetry.value_and_grad(_loss)(model, TOKENS)[2]
-        return first, telemetry.value_and_grad(_loss)(model, TOKENS)[2]
-
-    first, second = twice(_model(scan=True))
-    assert set(first) == set(second)
-    assert {k for k in first if k.startswith("depth/blocks.0.")}
-    for k in first:
-        if k.startswith("depth/"):
-            assert first[k] == second[k]

@@ -54,8 +54,13 @@ def test_x_hat_is_the_quantizers_own(spec, amax, cols):
     x = 3.0 * jax.random.normal(jax.random.key(3), (16, cols))
     x = x.at[1].set(0.0).at[2, 5].set(1e-30)  # an all-zero row and a value that flushes
     kw = dict(key=jax.random.key(1), amax=None if amax is None else jnp.float32(amax))
-    x_hat, _ = telemetry.operand_stats(x, spec, **kw)
-    expected = fl.quantize(x, spec, **kw).dequantize(rotated=True)
+
+    @jax.jit  # one compile, not one per operation as eagerly
+    def both(x, kw):
+        x_hat, _ = telemetry.operand_stats(x, spec, **kw)
+        return x_hat, fl.quantize(x, spec, **kw).dequantize(rotated=True)
+
+    x_hat, expected = both(x, kw)
     np.testing.assert_array_equal(x_hat, expected)
 
 
@@ -216,8 +221,13 @@ def test_nvfp4_shadow_metrics_are_sensible():
     model = MLP(nnx.Rngs(0))
     quantize_model(model, [Rule(r".*", "nvfp4")], key=jax.random.key(0), telemetry=True)
     x, y = _data()
-    _, grads, _ = telemetry.value_and_grad(_loss)(model, x, y)
-    shadow = telemetry.shadow_metrics(grads, telemetry.exact_grads(_loss, model, x, y))
+
+    @nnx.jit  # compiled, as in training (and one compile, not one per operation)
+    def measure(model):
+        _, grads, _ = telemetry.value_and_grad(_loss)(model, x, y)
+        return telemetry.shadow_metrics(grads, telemetry.exact_grads(_loss, model, x, y))
+
+    shadow = measure(model)
     cos = float(shadow["grad/up.kernel/cos"])
     gnr = float(shadow["grad/up.kernel/gnr"])
     assert 0.5 < cos < 1.0

@@ -1,6 +1,7 @@
 """eval_hp: the held-out loss of the trained weights under a high-precision forward; loss_hp:
 the same at every step, on the step's batch (`Config.target_on="hp"`)."""
 
+import functools
 import math
 
 import jax
@@ -13,10 +14,17 @@ from fp4lab.train.config import Config
 MLP = dict(task="teacher", din=32, dout=16, teacher_hidden=(32,), hidden=(32,), batch_size=16)
 
 
+@functools.cache  # one compile and run per config, shared by the tests (read-only arrays)
 def run(**kw) -> dict:
     cfg = Config(**(MLP | dict(steps=6, lr=1e-2, warmup=1, eval_batches=2) | kw))
     arrays = jax.jit(trainer.make_train(cfg))(trainer.make_keys(1, 2, 3))
-    return cfg, jax.tree.map(np.asarray, arrays)
+    return cfg, jax.tree.map(_read_only, arrays)
+
+
+def _read_only(a) -> np.ndarray:
+    a = np.array(a)
+    a.setflags(write=False)
+    return a
 
 
 def test_eval_hp_equals_eval_loss_without_quantization():
@@ -75,7 +83,8 @@ def test_loss_hp_changes_no_number_of_the_run():
 
 
 def test_tokens_to_target_reads_loss_hp_when_asked():
-    cfg, out = run(recipe="nvfp4", target_on="hp", target_loss=1.0, target_window=2)
+    cfg, out = run(recipe="nvfp4", target_on="hp")  # the trainer reads no target: the run
+    cfg = cfg.replace(target_loss=1.0, target_window=2)  # of the test above, summarized anew
     out = dict(out, loss=np.full(cfg.steps, 9.0, np.float32))  # the training loss never gets there
     out["loss_hp"] = np.array(
         [3.0, 2.0, 1.5, 0.5, 0.5, 0.5], np.float32

@@ -24,6 +24,14 @@ def mlp(**kw) -> Config:
     return Config(**(MLP | dict(steps=4, eval_batches=1, seed_batch=4) | kw))
 
 
+# The MLP configs below are shared between tests where what they check allows it: a cell's
+# program is compiled once per process (config, call width), so the tests reuse each other's
+# compiles. Five steps, logged every 2: steps 0, 2 and 4, the last a partial chunk.
+NVFP4 = mlp(recipe="nvfp4", steps=5)  # stochastic rounding on the gradients
+NVFP4_LOGGED = NVFP4.replace(telemetry_every=2)
+MXFP4 = mlp(recipe="mxfp4", steps=5)  # RNE everywhere, no random signs
+
+
 def run(cfg: Config, seeds):
     return sweep.compute_cell(cfg.to_dict(), seeds)
 
@@ -96,7 +104,7 @@ def test_phase_rules_switch_recipes():
 
 
 def test_same_cell_twice_is_bit_identical():
-    cfg = mlp(recipe="mxfp4", telemetry_every=2)
+    cfg = NVFP4_LOGGED  # stochastic rounding and telemetry: every stream and the statistics
     a = run(cfg, [(0, 0, 0)])
     sweep.clear_cache()  # a fresh compile, too
     b = run(cfg, [(0, 0, 0)])
@@ -108,9 +116,9 @@ def test_telemetry_changes_no_number_and_matches_the_shadow_runs_statistics():
     # without the shadow the trainer measures in the one step body, under a lax.cond on the
     # step; with it, in a measured body of its own: the same statistics, the same training
     seeds = [(0, 1, 2)]
-    off = run(mlp(recipe="nvfp4", steps=5), seeds)[0]
-    on = run(mlp(recipe="nvfp4", steps=5, telemetry_every=2), seeds)[0]
-    shadow = run(mlp(recipe="nvfp4", steps=5, telemetry_every=2, shadow=True), seeds)[0]
+    off = run(NVFP4, seeds)[0]
+    on = run(NVFP4_LOGGED, seeds)[0]
+    shadow = run(NVFP4_LOGGED.replace(shadow=True), seeds)[0]
     for run_ in (on, shadow):
         for k, v in off["series"].items():
             np.testing.assert_array_equal(run_["series"][k], v, err_msg=k)
@@ -125,7 +133,7 @@ def test_telemetry_changes_no_number_and_matches_the_shadow_runs_statistics():
 
 
 def test_seed_alone_equals_seed_in_a_batch_of_four():
-    cfg = mlp(recipe="nvfp4", telemetry_every=2)  # stochastic rounding: the quant stream is used
+    cfg = NVFP4_LOGGED  # stochastic rounding: the quant stream is used
     alone = run(cfg, [(3, 4, 5)])
     batch = run(cfg, [(0, 0, 0), (3, 4, 5), (1, 2, 3), (7, 7, 7)])
     assert_same(alone[0], batch[1])
@@ -133,11 +141,11 @@ def test_seed_alone_equals_seed_in_a_batch_of_four():
 
 
 def test_quant_stream_changes_nothing_without_stochastic_rounding():
-    cfg = mlp(recipe="mxfp4")  # RNE everywhere, no random signs
-    a, b = run(cfg, [(0, 0, 0), (0, 0, 1)])
+    # one seed a call: the program of one seed, which the other tests compile too (a seed
+    # alone equals it in a batch: test_seed_alone_equals_seed_in_a_batch_of_four)
+    a, b = (run(MXFP4, [s])[0] for s in [(0, 0, 0), (0, 0, 1)])
     assert_same(a, b)
-    cfg = mlp(recipe="nvfp4")  # stochastic rounding on the gradients
-    a, b = run(cfg, [(0, 0, 0), (0, 0, 1)])
+    a, b = (run(NVFP4, [s])[0] for s in [(0, 0, 0), (0, 0, 1)])
     assert not np.array_equal(a["series"]["loss"][1:], b["series"]["loss"][1:])
     assert a["series"]["loss"][0] == b["series"]["loss"][0]  # the forward uses RNE only
 
@@ -258,14 +266,14 @@ def test_dynamic_loss_scaling_backs_off_on_overflow_and_grows():
 
 
 def test_static_loss_scaling_unscales_gradients():
-    base = tiny(recipe="fp32")
+    base = mlp(recipe="fp32")  # the trainer's scaling, whatever the model: the fast-compiling MLP
     (a,) = run(base, [(0, 0, 0)])
     (b,) = run(base.replace(loss_scaling="static", loss_scale=1024.0), [(0, 0, 0)])
     np.testing.assert_allclose(a["series"]["grad_norm"], b["series"]["grad_norm"], rtol=1e-5)
 
 
 def test_a_phase_switch_runs_and_changes_the_trajectory():
-    cfg = mlp(recipe="mxfp4", steps=4)
+    cfg = MXFP4
     (a,) = run(cfg, [(0, 0, 0)])
     (b,) = run(cfg.replace(phases=[(2, "fp32")]), [(0, 0, 0)])
     np.testing.assert_array_equal(a["series"]["loss"][:2], b["series"]["loss"][:2])
