@@ -2,6 +2,10 @@
 
 import numpy as np
 import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from fp4lab.analysis import crossed
 
 COMPONENTS = ("init", "data", "quant", "init:data", "init:quant", "data:quant", "residual")
 
@@ -38,3 +42,27 @@ def crossed_cell(name="c", levels=(4, 4, 4), sd=(1, 0.7, 0.5, 0.5, 0.8, 0.3, 0.4
         dict(run_id=[f"{name}{n}" for n in range(len(y))], cell=name, status="ok", loss_gap=y)
         | dict(seed_init=i, seed_data=j, seed_quant=k)
     )
+
+
+def pigeonhole_misses(y, lay, levels, seed: int, check: bool) -> dict[float, bool]:
+    """{level: missed 0} of one table's pigeonhole `crossed.mean_interval`, computed once at
+    levels[0] and taken to the others with `pigeonhole_at`; where `check`, each is asserted
+    equal to `mean_interval`'s own at that level."""
+    interval = crossed.mean_interval(y, lay, level=levels[0], draws=2000, seed=seed)
+    assert interval.method == "pigeonhole"
+    out = {}
+    for level in levels:
+        lo, hi = pigeonhole_at(interval, levels[0], level, min(lay.levels))
+        if check:
+            printed = crossed.mean_interval(y, lay, level=level, draws=2000, seed=seed)
+            assert (lo, hi) == pytest.approx((printed.lo, printed.hi), rel=1e-12, abs=1e-15)
+        out[level] = not lo <= 0.0 <= hi
+    return out
+
+
+def pigeonhole_at(interval, level, to, fewest):
+    """A pigeonhole `crossed.mean_interval` at level `to` from the one at `level`: the same
+    bootstrap SD times the t quantile of `to` on fewest - 1 df (mean_interval's formula)."""
+    t = scipy_stats.t(fewest - 1)
+    half = (interval.hi - interval.estimate) * t.ppf(0.5 + to / 2) / t.ppf(0.5 + level / 2)
+    return interval.estimate - half, interval.estimate + half

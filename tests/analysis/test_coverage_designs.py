@@ -24,6 +24,7 @@ missed 7.7 % and 14.9 % of the time at true rates of 1 % and 2 % (exactly: its l
 import numpy as np
 import pandas as pd
 import pytest
+from crossed_design import pigeonhole_misses  # tests/analysis/crossed_design.py
 from scipy import stats as scipy_stats
 
 from fp4lab.analysis import crossed, exact_binomial_interval, t_interval, wilson_interval
@@ -101,14 +102,6 @@ def test_the_library_s_contrast_is_the_simulated_interval():
 POOLED_LEVELS = (0.95, 1 - 0.05 / 6, LM_LEVEL)
 
 
-def pigeonhole_at(interval, level, to, fewest):
-    """A pigeonhole `crossed.mean_interval` at level `to` from the one at `level`: the same
-    bootstrap SD times the t quantile of `to` on fewest - 1 df (mean_interval's formula)."""
-    t = scipy_stats.t(fewest - 1)
-    half = (interval.hi - interval.estimate) * t.ppf(0.5 + to / 2) / t.ppf(0.5 + level / 2)
-    return interval.estimate - half, interval.estimate + half
-
-
 @pytest.mark.parametrize("levels", [10, 5])
 @pytest.mark.parametrize("design", sorted(TWO_STREAM))
 def test_the_pooled_two_blocks_pigeonhole_interval_covers(design, levels):
@@ -131,14 +124,8 @@ def test_the_pooled_two_blocks_pigeonhole_interval_covers(design, levels):
     assert lay.levels == (2 * levels, 2 * levels) and not lay.balanced
     for r in range(sims):
         y = np.concatenate([two_stream_y(levels, TWO_STREAM[design], gen) for _ in "ab"])
-        interval = crossed.mean_interval(y, lay, level=POOLED_LEVELS[0], draws=2000, seed=r)
-        assert interval.method == "pigeonhole"
-        for level in POOLED_LEVELS:
-            lo, hi = pigeonhole_at(interval, POOLED_LEVELS[0], level, min(lay.levels))
-            if r % 25 == 0:
-                printed = crossed.mean_interval(y, lay, level=level, draws=2000, seed=r)
-                assert (lo, hi) == pytest.approx((printed.lo, printed.hi), rel=1e-12, abs=1e-15)
-            misses[level] += not lo <= 0.0 <= hi
+        for level, missed in pigeonhole_misses(y, lay, POOLED_LEVELS, r, r % 25 == 0).items():
+            misses[level] += missed
     for level in POOLED_LEVELS:
         lo, hi = band(sims, 1 - level)
         assert misses[level] <= hi, f"{misses} misses of {sims} at {level:.5f}; band [{lo}, {hi}]"
