@@ -5,23 +5,22 @@
 Wortsman et al. 2023 (arXiv 2309.14322) see large runs' instabilities (attention-logit growth,
 output-logit divergence) in small Transformers at high learning rates, and mend them with
 qk-layernorm and a z-loss. The 4-block LM of the other LM studies (64 wide, 1024 tokens a step,
-250 steps, Adam, no gradient clipping, 3 seeds) at lr 0.3 and 1.0, where a pilot saw it go from
-stable (up to 0.3) to diverged (1.0), under BF16, MXFP4, and MXFP4 with qk-layernorm
-(`qk_norm=True`) or a z-loss of 1e-4 (`z_loss`). `analyze` writes rates.csv (spike and
+250 steps, Adam, no gradient clipping, 3 seeds, 8 at lr 1.0) at lr 0.3, 0.5, 0.7 and 1.0, where
+a pilot saw it go from stable (up to 0.3) to diverged (1.0): the two between look for a window
+in which one precision diverges and another does not. Under BF16, MXFP4, and MXFP4 with
+qk-layernorm (`qk_norm=True`) or a z-loss of 1e-4 (`z_loss`). `analyze` writes rates.csv (spike and
 divergence shares per cell, exact intervals), contrasts.csv (each quantized cell against BF16
 at its lr, Fisher's exact test, Bonferroni over all), lr_loss.csv, sensitivity.csv and
 figures/lr_loss.png."""
 
-import matplotlib
+from instability_common import lr_figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from fp4lab.analysis import instability  # noqa: E402
-from fp4lab.train.config import Config  # noqa: E402
+from fp4lab.analysis import instability
+from fp4lab.train.config import Config
 
 SEEDS = 3
-LRS = (0.3, 1.0)
+LRS = (0.3, 0.5, 0.7, 1.0)
+SEEDS_AT = {1.0: 8}  # where the FP4 cells spiked 3/3 and BF16 0/3: enough seeds for a word
 PRECISIONS = {
     "bf16": dict(recipe="bf16"),
     "mxfp4": dict(recipe="mxfp4"),
@@ -54,18 +53,22 @@ def get_config():
 def sweep(add):
     for lr in LRS:
         for name, overrides in PRECISIONS.items():
-            add(f"{name} lr {lr}", lr=lr, **overrides)
+            add(f"{name} lr {lr}", lr=lr, seeds=SEEDS_AT.get(lr), **overrides)
 
 
 def analyze(results):
     runs = results.runs.copy()
     runs["precision"] = runs["cell"].str.rsplit(" lr ", n=1).str[0]
+    cells = set(runs["cell"])  # all of them, unless a subset was run
     pairs = [(f"{p} lr {lr}", f"bf16 lr {lr}") for lr in LRS for p in PRECISIONS if p != "bf16"]
+    pairs = [(a, b) for a, b in pairs if {a, b} <= cells]
     spiked = instability.contrasts(runs, pairs, outcome="spiked")
     diverged = instability.contrasts(runs, pairs, outcome="diverged_at_end")
     table, per_lr = instability.lr_sensitivity(runs, by="precision")
     if len(results.metrics):  # drawn by the run; the committed folder keeps the records only
-        _figure(per_lr, results.path / "figures" / "lr_loss.png")
+        path = results.path / "figures" / "lr_loss.png"
+        title = "4-block LM: final loss against learning rate"
+        lr_figure(per_lr, path, title, log_loss=False)
     return {
         "rates": instability.spike_rates(runs, by=("precision", "lr")),
         "contrasts": spiked,
@@ -73,27 +76,3 @@ def analyze(results):
         "lr_loss": per_lr,
         "sensitivity": table,
     }
-
-
-def _figure(per_lr, path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, g in per_lr.groupby("precision", sort=False):
-        ax.errorbar(
-            g["lr"],
-            g["loss"],
-            yerr=[g["loss"] - g["lo"], g["hi"] - g["loss"]],
-            marker="o",
-            capsize=3,
-            label=name,
-        )
-    ax.set(
-        xscale="log",
-        xlabel="learning rate (Adam, no clipping)",
-        ylabel="final loss (capped at the initial loss)",
-        title="4-block LM: final loss against learning rate",
-    )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)

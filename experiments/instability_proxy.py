@@ -20,32 +20,17 @@ records only, and `fl.sweep.reproduce` recomputes a run's series). Measured:
 results/instability_proxy/ and the README.
 """
 
+from instability_common import proxy_config
+
 import fp4lab as fl
 from fp4lab.analysis import instability
-from fp4lab.train.config import Config
 
 SEEDS = 8
 LN = {"norms": fl.mxfp4()}  # the LayerNorm vectors in MXFP4 (E2M1, 32-blocks, E8M0)
 
 
 def get_config():
-    return Config(
-        task="proxy",
-        din=64,
-        dout=64,
-        teacher_hidden=(128, 128),
-        d_model=64,
-        d_ff=256,
-        n_layers=4,
-        batch_size=128,
-        steps=2000,
-        lr=0.1,
-        clip_norm=0.0,
-        warmup=100,
-        schedule="constant",
-        eval_batches=4,
-        signals=True,
-    )
+    return proxy_config()
 
 
 CELLS = {

@@ -15,16 +15,12 @@ lr, t-intervals), sensitivity.csv and figures/lr_loss.png."""
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+from instability_common import lr_figure, proxy_config
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-import fp4lab as fl  # noqa: E402
-from fp4lab.analysis import instability  # noqa: E402
-from fp4lab.sweep.store import load  # noqa: E402
-from fp4lab.train.config import Config  # noqa: E402
+import fp4lab as fl
+from fp4lab.analysis import instability
+from fp4lab.sweep.store import load
 
 SEEDS = 3
 LRS = (0.03, 0.3)
@@ -41,23 +37,7 @@ AT_0_1 = (
 
 
 def get_config():
-    return Config(
-        task="proxy",
-        din=64,
-        dout=64,
-        teacher_hidden=(128, 128),
-        d_model=64,
-        d_ff=256,
-        n_layers=4,
-        batch_size=128,
-        steps=2000,
-        lr=0.1,
-        clip_norm=0.0,
-        warmup=100,
-        schedule="constant",
-        eval_batches=4,
-        signals=True,
-    )
+    return proxy_config()
 
 
 def sweep(add):
@@ -77,30 +57,6 @@ def analyze(results):
     table, per_lr = instability.lr_sensitivity(both, by="precision")
     rates = instability.spike_rates(both, by=("precision", "lr"))
     if len(results.metrics):  # drawn by the run; the committed folder keeps the records only
-        _figure(per_lr, results.path / "figures" / "lr_loss.png")
+        path = results.path / "figures" / "lr_loss.png"
+        lr_figure(per_lr, path, "proxy: final loss against learning rate")
     return {"rates": rates, "lr_loss": per_lr, "sensitivity": table}
-
-
-def _figure(per_lr, path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, g in per_lr.groupby("precision", sort=False):
-        ax.errorbar(
-            g["lr"],
-            g["loss"],
-            yerr=[g["loss"] - g["lo"], g["hi"] - g["loss"]],
-            marker="o",
-            capsize=3,
-            label=name,
-        )
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="learning rate (Adam, no clipping)",
-        ylabel="final loss (capped at the initial loss)",
-        title="proxy: final loss against learning rate",
-    )
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)

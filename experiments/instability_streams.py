@@ -13,20 +13,17 @@ with MXFP4 vectors, is the other end: its quant seed changes no bit.) `analyze` 
 attribution.csv (binary: spiked; time to the first spike, censored at the run's 2000 steps) and
 rates.csv."""
 
+from instability_common import proxy_config
+
 import fp4lab as fl
 from fp4lab.analysis import instability
-from fp4lab.train.config import Config
 
 LN = {"norms": fl.mxfp4()}
 STEPS = 2000
 
 
 def get_config():
-    return Config(
-        task="proxy", din=64, dout=64, teacher_hidden=(128, 128), d_model=64, d_ff=256,
-        n_layers=4, batch_size=128, steps=STEPS, lr=0.1, clip_norm=0.0, warmup=100,
-        schedule="constant", eval_batches=4, signals=True,
-    )  # fmt: skip
+    return proxy_config(steps=STEPS)
 
 
 def sweep(add):

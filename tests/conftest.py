@@ -10,9 +10,12 @@ own cache there too (XDG_CACHE_HOME).
 The tests' programs are compiled without LLVM optimization (XLA_FLAGS
 --xla_backend_optimization_level=0, inherited by the subprocesses the tests start): most of
 a test's time is XLA compiling small programs it runs a few steps of, and this halves it.
-Nothing the tests check depends on it: the numerics are IEEE operations that LLVM may not
-reorder (XLA's CPU backend does not enable fast-math), and every bit-for-bit comparison is
-between programs compiled the same way. FP4LAB_TEST_XLA_OPT=1 keeps XLA's default.
+It changes last bits: at its default level LLVM fuses a multiply and an add into one FMA
+(`x * 1.3 + 0.7` differs), so a number computed here is not the bits of the same run made
+outside the tests, and a check near its threshold (did the model learn?) may land on the other
+side. No test compares the two: every bit-for-bit comparison is between programs compiled the
+same way, and the RL paths pin their own level (`fp4lab.rl.common.EXACT_CPU`).
+FP4LAB_TEST_XLA_OPT=1 keeps XLA's default.
 
 jax.random's Threefry hash lowers to fp4lab's CPU kernel in the tests' own processes
 (`cpu_kernels.lower_jax_threefry`: the same bits, tests/core/test_prng.py; a training program

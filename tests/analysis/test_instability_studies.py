@@ -1,12 +1,14 @@
 """A tiny version of each instability study runs end to end: the experiment file as committed,
-its every cell trained for real at a tiny size (one seed, or the streams study's crossed pairs),
-then its own `analyze`, whose tables have a row per cell, contrast or fork. The forks study runs
+its every cell trained for real at a tiny size (one seed, or the streams study's crossed pairs;
+the recipes-against-lr study's at one learning rate, the LM's at two), then its own
+`analyze`, whose tables have a row per cell, contrast or fork. The forks study runs
 on a planted parent (a model whose loss jumps 100x at step 25), since a tiny proxy does not spike.
 
 Slow to compile (a program per cell), so the cells are as small as the recipes allow: every
 GEMM dimension a multiple of the 32-blocks of MXFP4.
 """
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -33,7 +35,11 @@ STUDIES = {
     # with the proxy study's lr-0.1 cells (the committed ones): 3 learning rates
     "instability_proxy_lr": (PROXY, 1, {"rates": 12, "lr_loss": 12, "sensitivity": 4}),
     "instability_lm": (LM, 1, {"rates": 8, "lr_loss": 8, "sensitivity": 4}),
+    # its cells at lr 0.3 (every precision once), joined with 8 committed (precision, lr) cells
+    "instability_recipes_lr": (PROXY, 1, {"rates": 15, "lr_loss": 15, "sensitivity": 9}),
 }
+# studies of more cells than a test compiles: the cells whose label ends so
+ONLY = {"instability_recipes_lr": " lr 0.3", "instability_lm": (" lr 0.3", " lr 1.0")}
 
 
 @pytest.mark.parametrize("study", sorted(STUDIES))
@@ -41,6 +47,9 @@ def test_a_tiny_version_of_the_study_trains_every_cell_and_analyzes(study, tmp_p
     overrides, seeds, rows = STUDIES[study]
     path = ROOT / "experiments" / f"{study}.py"
     experiment = sweep.load_experiment(path, seeds=seeds, overrides=overrides)
+    if study in ONLY:
+        cells = tuple(c for c in experiment.cells if c.label.endswith(ONLY[study]))
+        experiment = dataclasses.replace(experiment, cells=cells)
     counts = runner.run_experiment(experiment, tmp_path / study, progress=False)
     assert counts["failed"] == 0
     results = fl.load(tmp_path / study)

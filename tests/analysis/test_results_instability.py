@@ -20,6 +20,7 @@ TABLES = {
     "instability_streams": ("attribution", "rates"),
     "instability_proxy_lr": ("rates", "lr_loss", "sensitivity"),
     "instability_lm": ("rates", "contrasts", "contrasts_diverged", "lr_loss", "sensitivity"),
+    "instability_recipes_lr": ("rates", "lr_loss", "sensitivity"),
 }
 
 

@@ -93,17 +93,17 @@ def test_with_no_plant_no_gemm_takes_a_culprit_s_share_and_an_undecided_ranking_
     assert "predicted to close" not in alone.summary
 
 
-# The moved Fprop plant's model learns too slowly (0.656 -> 0.612 in 80 steps) for diagnose's
-# "did it learn?" check, which now stops before ranking an untrained model: open in issue 69.
-_SLOW = pytest.mark.xfail(strict=True, raises=ValueError, reason="learns too slowly for the check")
-
-
-@pytest.mark.parametrize(
-    "plant, moved", [("fprop+wgrad", False), pytest.param("fprop", True, marks=_SLOW)]
-)
+@pytest.mark.parametrize("plant, moved", [("fprop+wgrad", False), ("fprop", True)])
 def test_two_culprits_of_different_kinds_and_moved_plants_are_both_kept(plant, moved):
-    d = fl.diagnose(experiment=planted.__file__, budget=0.25,
-                    config={"task_args": {"plant": plant, "moved": moved}}, **SMALL)  # fmt: skip
+    config = {"task_args": {"plant": plant, "moved": moved}}
+    try:
+        d = fl.diagnose(experiment=planted.__file__, budget=0.25, config=config, **SMALL)
+    except ValueError as e:
+        # The moved Fprop plant's model learns slowly (0.656 -> 0.59-0.67 in 40 steps); whether
+        # that passes diagnose's "did it learn?" check depends on the CPU and XLA's compile
+        # options (open in issue 69). Refusing is an answer; a ranking must be right.
+        assert moved and "did not learn" in str(e)
+        return
     culprits = planted.culprits(plant, moved)
     assert set(culprits) <= set(d.chosen) and planted.DECOY not in d.chosen
     assert (d.table[d.score] > -1e-6).all()

@@ -1,0 +1,64 @@
+"""What the instability studies share (imported by the experiment files beside it; not a study).
+
+`proxy_config` is Su et al. 2025's student-teacher proxy as every proxy study runs it (a
+pre-LayerNorm residual MLP, 4 blocks, 64 wide, GELU MLPs 256 wide, regressing a fixed random
+GELU teacher on Gaussian inputs; 128 examples a step, 2000 steps, Adam, a constant lr 0.1 after
+100 warm-up steps, no clipping, the cheap per-step signals on). `lr_figure` draws a study's
+`lr_loss` table: the capped final loss against learning rate, one line per precision.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from fp4lab.train.config import Config  # noqa: E402
+
+
+def proxy_config(**changes) -> Config:
+    base = Config(
+        task="proxy",
+        din=64,
+        dout=64,
+        teacher_hidden=(128, 128),
+        d_model=64,
+        d_ff=256,
+        n_layers=4,
+        batch_size=128,
+        steps=2000,
+        lr=0.1,
+        clip_norm=0.0,
+        warmup=100,
+        schedule="constant",
+        eval_batches=4,
+        signals=True,
+    )
+    return base.replace(**changes) if changes else base
+
+
+def lr_figure(per_lr, path, title, *, log_loss=True, dashed=()):
+    """per_lr: `fp4lab.analysis.instability.lr_sensitivity`'s second table (by "precision");
+    `dashed`: precisions drawn dashed (those joined from other studies)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, g in per_lr.groupby("precision", sort=False):
+        ax.errorbar(
+            g["lr"],
+            g["loss"],
+            yerr=[g["loss"] - g["lo"], g["hi"] - g["loss"]],
+            marker="o",
+            capsize=3,
+            linestyle="--" if name in dashed else "-",
+            label=name,
+        )
+    ax.set(
+        xscale="log",
+        yscale="log" if log_loss else "linear",
+        xlabel="learning rate (Adam, no clipping)",
+        ylabel="final loss (capped at the initial loss)",
+        title=title,
+    )
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
