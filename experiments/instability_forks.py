@@ -46,8 +46,9 @@ def sweep(add):
     forks.add_forks(add, PARENT, changes=CHANGES, before=BEFORE, cells=["bf16+ln"], first=FIRST)
 
 
-def analyze(results):
-    runs = load(PARENT, metrics=False).runs
+def analyze(results, parent_folder=PARENT):
+    """The tables (module docstring); `parent_folder`: the study whose runs were forked."""
+    runs = load(parent_folder, metrics=False).runs
     parents = runs.set_index("run_id")
     rows, ids = [], {}  # ids: (change, parent) -> the fork's run id
     for run in results.runs.itertuples():
@@ -76,7 +77,7 @@ def analyze(results):
     table = pd.DataFrame(rows).sort_values(["change", "seed"])
     tables = {"forks": table, "averted": instability.fork_outcomes(table)}
     if len(results.metrics):  # the figure needs the series (the committed folder: records)
-        parent_series = load(PARENT, metrics=["loss"], cells=["bf16+ln"]).metrics
+        parent_series = load(parent_folder, metrics=["loss"], cells=["bf16+ln"]).metrics
         _figure(table, results, ids, parent_series, results.path / "figures" / "forks.png")
     return tables
 

@@ -27,19 +27,30 @@ __all__ = ["WORD_COLUMNS", "KEY_COLUMNS", "JUDGED", "row_words", "compare_words"
 WORD_COLUMNS = ("verdict", "overhead_word", "excludes_0", "trend")
 # the columns that name a row, in this order where a table has several
 KEY_COLUMNS = ("study", "factor", "kind", "term", "contrast", "metric", "against", "cell")
-KEY_COLUMNS += ("cells", "window")
+KEY_COLUMNS += ("cells", "window", "outcome")  # outcome: one cell's rows per instability outcome
 JUDGED = ("higher", "lower", "no evidence", "matters", "yes", "no", "falling", "rising")
 JUDGED += ("no evidence of a change", "undecided")
 
 
 def row_words(table: pd.DataFrame) -> dict[str, str]:
     """{row name: word} of a table's rows (the row name joins its `KEY_COLUMNS` with " | ");
-    empty when the table has no word column."""
+    empty when the table has no word column.
+
+    Raises:
+      ValueError: two rows share a name (their key columns do not tell them apart), which
+        would leave one of them unread.
+    """
     column = next((c for c in WORD_COLUMNS if c in table.columns), None)
     keys = [c for c in KEY_COLUMNS if c in table.columns]
     if column is None or not keys:
         return {}
     names = table[keys].astype(str).agg(" | ".join, axis=1)
+    twice = sorted(set(names[names.duplicated()]))
+    if twice:
+        raise ValueError(
+            f"row_words: rows {twice[:3]} appear more than once: the columns {keys} do not tell "
+            f"them apart (name the rows by one of {list(KEY_COLUMNS)})"
+        )
     return dict(zip(names, table[column].fillna("").astype(str), strict=True))
 
 

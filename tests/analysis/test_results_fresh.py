@@ -1,6 +1,6 @@
-"""The fresh-seed replications of the LM studies: each words.csv is the word comparison of the
-committed, fresh and pooled tables it sits beside, and the counts and rows that
-results/README.md and the README state are those of words.csv."""
+"""The fresh-seed replications of the LM and instability studies: each words.csv is the word
+comparison of the committed, fresh and pooled tables it sits beside, and the counts and rows
+that results/README.md and the README state are those of words.csv."""
 
 from pathlib import Path
 
@@ -14,6 +14,8 @@ STUDIES = {  # (study, seeds_from): its worded tables
     ("mxfp4_ladder_lm_outliers", 8): ("overhead", "against_all_three", "overhead_train", "gap_hp"),
     ("mxfp4_ladder_lm", 8): ("overhead", "overhead_train", "gap_hp"),
     ("randomness_vs_error_lm", 10): ("verdict", "link", "cells"),
+    ("instability_proxy", 8): ("contrasts",),
+    ("instability_streams", 6): ("attribution",),
 }
 
 

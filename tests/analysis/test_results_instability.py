@@ -17,6 +17,8 @@ TABLES = {
     "instability_proxy": ("rates", "contrasts"),
     "instability_damping": ("rates", "contrasts"),
     "instability_forks": ("forks", "averted"),
+    "instability_forks_fresh_parents": ("rates", "contrasts"),
+    "instability_forks_fresh": ("forks", "averted"),
     "instability_streams": ("attribution", "rates"),
     "instability_proxy_lr": ("rates", "lr_loss", "sensitivity"),
     "instability_lm": ("rates", "contrasts", "contrasts_diverged", "lr_loss", "sensitivity"),
@@ -42,5 +44,5 @@ def test_every_instability_study_plans_its_cells(study, monkeypatch):
     monkeypatch.chdir(ROOT)
     experiment = sweep.load_experiment(ROOT / "experiments" / f"{study}.py")
     assert experiment.cells and all(cell.seeds for cell in experiment.cells)
-    if study == "instability_forks":  # one fork per change and spiking parent run
-        assert len(experiment.cells) == 3 * 6
+    if study in ("instability_forks", "instability_forks_fresh"):  # a fork per change and parent
+        assert sum(len(cell.seeds) for cell in experiment.cells) == 3 * 6

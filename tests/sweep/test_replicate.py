@@ -158,6 +158,19 @@ def test_a_word_that_fresh_seeds_do_not_give_is_not_replicated():
     assert words["replication"].tolist() == ["replicated", "only pooled", "not replicated"]
 
 
+def test_rows_of_one_cell_per_outcome_are_read_apart_and_unnamed_twins_are_refused():
+    # stream_attribution: one row per (cell, outcome), both worded
+    outcomes = dict(cell=["x", "x"], outcome=["spiked", "first_spike"])
+    committed = {"a": pd.DataFrame(outcomes | dict(verdict=["matters", "no evidence"]))}
+    fresh = {"a": pd.DataFrame(outcomes | dict(verdict=["matters", "matters"]))}
+    words = fl.analysis.replication.compare_words(committed, fresh, fresh)
+    assert words["row"].tolist() == ["x | spiked", "x | first_spike"]
+    assert words["replication"].tolist() == ["replicated", "not replicated"]
+    twins = pd.DataFrame(dict(cell=["x", "x"], verdict=["higher", "lower"]))
+    with pytest.raises(ValueError, match=r"rows \['x'\] appear more than once"):
+        fl.analysis.replication.row_words(twins)
+
+
 @pytest.mark.slow  # subprocesses that train
 def test_the_command_resumes_after_kill_9_and_refuses_used_seeds(tmp_path, capsys):
     path = study(tmp_path / "exp", steps=3)

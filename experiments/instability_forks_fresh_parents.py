@@ -1,0 +1,41 @@
+"""Fresh parents for the forks study: the proxy's spiking cell and BF16 on seeds 16-23.
+
+    fp4lab run experiments/instability_forks_fresh_parents.py --workers 2
+    fp4lab run experiments/instability_forks_fresh.py --workers 2
+
+A fork replays its parent's first steps, and the event it is judged against is the parent's
+first spike as the record holds it; that replay is the parent bit for bit only on the kind of
+CPU the parent ran on. So the forks' replication on fresh seeds starts from parents run on the
+machine that runs the forks: "bf16+ln" (BF16 GEMMs, LayerNorm vectors in MXFP4) and BF16 of
+experiments/instability_proxy.py on seeds (i, i, i), i = 16-23, which no other proxy study
+used. `analyze` writes rates.csv and contrasts.csv (Fisher's exact test, "bf16+ln" against
+BF16): the proxy study's first row again, on these seeds and this machine.
+"""
+
+from instability_common import proxy_config
+
+import fp4lab as fl
+from fp4lab.analysis import instability
+
+SEEDS = [(i, i, i) for i in range(16, 24)]
+CELLS = {
+    "bf16": dict(recipe="bf16"),
+    "bf16+ln": dict(recipe="bf16", gemms={"norms": fl.mxfp4()}),
+}
+
+
+def get_config():
+    return proxy_config()
+
+
+def sweep(add):
+    for label, overrides in CELLS.items():
+        add(label, seeds=SEEDS, **overrides)
+
+
+def analyze(results):
+    runs = results.runs
+    return {
+        "rates": instability.spike_rates(runs),
+        "contrasts": instability.contrasts(runs, [("bf16+ln", "bf16")], outcome="spiked"),
+    }
