@@ -1,4 +1,4 @@
-"""Fresh parents for the forks study: the proxy's spiking cell and BF16 on seeds 16-23.
+"""Fresh parents for the forks study, and the proxy's key contrasts again, on seeds 16-23.
 
     fp4lab run experiments/instability_forks_fresh_parents.py --workers 2
     fp4lab run experiments/instability_forks_fresh.py --workers 2
@@ -8,8 +8,11 @@ first spike as the record holds it; that replay is the parent bit for bit only o
 CPU the parent ran on. So the forks' replication on fresh seeds starts from parents run on the
 machine that runs the forks: "bf16+ln" (BF16 GEMMs, LayerNorm vectors in MXFP4) and BF16 of
 experiments/instability_proxy.py on seeds (i, i, i), i = 16-23, which no other proxy study
-used. `analyze` writes rates.csv and contrasts.csv (Fisher's exact test, "bf16+ln" against
-BF16): the proxy study's first row again, on these seeds and this machine.
+used. Beside them, the damping the proxy study found, on the same seeds: MXFP4 GEMMs with the
+vectors in MXFP4 ("mxfp4+ln"), and only the forward GEMM in MXFP4 (experiments/
+instability_damping.py's "mxfp4 fprop only+ln"). `analyze` writes rates.csv and contrasts.csv
+(Fisher's exact test, Bonferroni over its 3 rows): the vectors' spikes against BF16, and each
+damping cell against "bf16+ln", on these seeds and this machine.
 """
 
 from instability_common import proxy_config
@@ -18,10 +21,14 @@ import fp4lab as fl
 from fp4lab.analysis import instability
 
 SEEDS = [(i, i, i) for i in range(16, 24)]
+LN = {"norms": fl.mxfp4()}
 CELLS = {
     "bf16": dict(recipe="bf16"),
-    "bf16+ln": dict(recipe="bf16", gemms={"norms": fl.mxfp4()}),
+    "bf16+ln": dict(recipe="bf16", gemms=LN),
+    "mxfp4+ln": dict(recipe="mxfp4", gemms=LN),
+    "mxfp4 fprop only+ln": dict(recipe="mxfp4", gemms={**LN, "dgrad": "bf16", "wgrad": "bf16"}),
 }
+CONTRASTS = [("bf16+ln", "bf16"), ("mxfp4+ln", "bf16+ln"), ("mxfp4 fprop only+ln", "bf16+ln")]
 
 
 def get_config():
@@ -37,5 +44,5 @@ def analyze(results):
     runs = results.runs
     return {
         "rates": instability.spike_rates(runs),
-        "contrasts": instability.contrasts(runs, [("bf16+ln", "bf16")], outcome="spiked"),
+        "contrasts": instability.contrasts(runs, CONTRASTS, outcome="spiked"),
     }
