@@ -10,14 +10,20 @@ seeds 16-23; why fresh parents and not the committed replication's: that file's 
 The same tables and figure as the committed forks study, by its own `analyze`.
 """
 
+import importlib.util
 from pathlib import Path
-
-import instability_forks as study
 
 from fp4lab.sweep import forks
 from fp4lab.train.config import Config
 
 PARENT = Path(__file__).resolve().parents[1] / "results" / "instability_forks_fresh_parents"
+# the committed forks study, loaded by its path: an `import instability_forks` would take the
+# first module of that name on sys.path, which need not be the file beside this one
+_spec = importlib.util.spec_from_file_location(
+    "instability_forks_committed", Path(__file__).with_name("instability_forks.py")
+)
+study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(study)
 
 
 def get_config():
