@@ -12,7 +12,9 @@ used. Beside them, the damping the proxy study found, on the same seeds: MXFP4 G
 vectors in MXFP4 ("mxfp4+ln"), and only the forward GEMM in MXFP4 (experiments/
 instability_damping.py's "mxfp4 fprop only+ln"). `analyze` writes rates.csv and contrasts.csv
 (Fisher's exact test, Bonferroni over its 3 rows): the vectors' spikes against BF16, and each
-damping cell against "bf16+ln", on these seeds and this machine.
+damping cell against "bf16+ln", on these seeds and this machine, and predict.csv (which
+per-step signal rises before a spike, as instability_proxy.py scores it; written while the
+runs' series are in the folder, which the committed one, records only, no longer holds).
 """
 
 from instability_common import proxy_config
@@ -29,6 +31,7 @@ CELLS = {
     "mxfp4 fprop only+ln": dict(recipe="mxfp4", gemms={**LN, "dgrad": "bf16", "wgrad": "bf16"}),
 }
 CONTRASTS = [("bf16+ln", "bf16"), ("mxfp4+ln", "bf16+ln"), ("mxfp4 fprop only+ln", "bf16+ln")]
+SIGNALS = ("grad_norm", "update_ratio", "norm_max")  # as instability_proxy.py scores them
 
 
 def get_config():
@@ -42,7 +45,11 @@ def sweep(add):
 
 def analyze(results):
     runs = results.runs
-    return {
+    tables = {
         "rates": instability.spike_rates(runs),
         "contrasts": instability.contrasts(runs, CONTRASTS, outcome="spiked"),
     }
+    spiking = runs[runs["spikes"] > 0]
+    if set(spiking["run_id"]) <= set(results.metrics["run_id"]):  # the series are there
+        tables["predict"] = instability.predictive(results.metrics, spiking, SIGNALS)
+    return tables
