@@ -31,6 +31,7 @@ STUDIES = {
     "instability_proxy": (PROXY, 1, {"rates": 10, "contrasts": 14, "predict": 3}),
     "instability_proxy_key": (PROXY, 1, {"rates": 3, "contrasts": 2}),
     "instability_forks_fresh_parents": (PROXY, 1, {"rates": 4, "contrasts": 3}),
+    "instability_fp8_seeds": (PROXY, 1, {"rates": 4, "contrasts": 4}),
     "instability_damping": (PROXY, 1, {"rates": 5, "contrasts": 4}),
     "instability_streams": (PROXY, [(0, 0, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1)], {"rates": 1}),
     # with the proxy study's lr-0.1 cells (the committed ones): 3 learning rates
