@@ -5,6 +5,7 @@ pre-LayerNorm residual MLP, 4 blocks, 64 wide, GELU MLPs 256 wide, regressing a 
 GELU teacher on Gaussian inputs; 128 examples a step, 2000 steps, Adam, a constant lr 0.1 after
 100 warm-up steps, no clipping, the cheap per-step signals on). `lr_figure` draws a study's
 `lr_loss` table: the capped final loss against learning rate, one line per precision.
+`spike_tables` is a spike study's rates, contrasts and, while the series are there, prediction.
 """
 
 import matplotlib
@@ -12,7 +13,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fp4lab.analysis import instability  # noqa: E402
 from fp4lab.train.config import Config  # noqa: E402
+
+SIGNALS = ("grad_norm", "update_ratio", "norm_max")  # the cheap per-step signals scored
 
 
 def proxy_config(**changes) -> Config:
@@ -62,3 +66,19 @@ def lr_figure(per_lr, path, title, *, log_loss=True, dashed=()):
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def spike_tables(results, contrasts):
+    """rates (per cell), contrasts (Fisher's exact test on "spiked" for each (a, b) of
+    `contrasts`, Bonferroni over them) and, while the spiking runs' series are in the folder,
+    predict (`instability.predictive` of `SIGNALS`: a committed folder, records only, has
+    none)."""
+    runs = results.runs
+    tables = {
+        "rates": instability.spike_rates(runs),
+        "contrasts": instability.contrasts(runs, contrasts, outcome="spiked"),
+    }
+    spiking = runs[runs["spikes"] > 0]
+    if set(spiking["run_id"]) <= set(results.metrics["run_id"]):  # the series are there
+        tables["predict"] = instability.predictive(results.metrics, spiking, SIGNALS)
+    return tables

@@ -17,10 +17,9 @@ per-step signal rises before a spike, as instability_proxy.py scores it; written
 runs' series are in the folder, which the committed one, records only, no longer holds).
 """
 
-from instability_common import proxy_config
+from instability_common import proxy_config, spike_tables
 
 import fp4lab as fl
-from fp4lab.analysis import instability
 
 SEEDS = [(i, i, i) for i in range(16, 24)]
 LN = {"norms": fl.mxfp4()}
@@ -31,7 +30,6 @@ CELLS = {
     "mxfp4 fprop only+ln": dict(recipe="mxfp4", gemms={**LN, "dgrad": "bf16", "wgrad": "bf16"}),
 }
 CONTRASTS = [("bf16+ln", "bf16"), ("mxfp4+ln", "bf16+ln"), ("mxfp4 fprop only+ln", "bf16+ln")]
-SIGNALS = ("grad_norm", "update_ratio", "norm_max")  # as instability_proxy.py scores them
 
 
 def get_config():
@@ -44,12 +42,4 @@ def sweep(add):
 
 
 def analyze(results):
-    runs = results.runs
-    tables = {
-        "rates": instability.spike_rates(runs),
-        "contrasts": instability.contrasts(runs, CONTRASTS, outcome="spiked"),
-    }
-    spiking = runs[runs["spikes"] > 0]
-    if set(spiking["run_id"]) <= set(results.metrics["run_id"]):  # the series are there
-        tables["predict"] = instability.predictive(results.metrics, spiking, SIGNALS)
-    return tables
+    return spike_tables(results, CONTRASTS)

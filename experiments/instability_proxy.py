@@ -20,10 +20,9 @@ records only, and `fl.sweep.reproduce` recomputes a run's series). Measured:
 results/instability_proxy/ and the README.
 """
 
-from instability_common import proxy_config
+from instability_common import proxy_config, spike_tables
 
 import fp4lab as fl
-from fp4lab.analysis import instability
 
 SEEDS = 8
 LN = {"norms": fl.mxfp4()}  # the LayerNorm vectors in MXFP4 (E2M1, 32-blocks, E8M0)
@@ -55,16 +54,5 @@ def sweep(add):
         add(label, **overrides)
 
 
-SIGNALS = ("grad_norm", "update_ratio", "norm_max")
-
-
 def analyze(results):
-    runs = results.runs
-    tables = {
-        "rates": instability.spike_rates(runs),
-        "contrasts": instability.contrasts(runs, CONTRASTS, outcome="spiked"),
-    }
-    spiking = runs[runs["spikes"] > 0]
-    if set(spiking["run_id"]) <= set(results.metrics["run_id"]):  # the series are there
-        tables["predict"] = instability.predictive(results.metrics, spiking, SIGNALS)
-    return tables
+    return spike_tables(results, CONTRASTS)
