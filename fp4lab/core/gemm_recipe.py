@@ -41,19 +41,25 @@ class GemmRecipe:
     # (nnx.LayerNorm, nnx.RMSNorm), fake-quantized in the forward with a straight-through
     # gradient, as microxcaling's emulation does; None (the default): high precision
     norms: QuantSpec | None = None
+    # the GEMM's output, the activation the element-wise ops after it read (the nonlinearity,
+    # the residual add), fake-quantized in the forward along its last axis with a
+    # straight-through gradient, as microxcaling's emulation rounds a linear layer's output;
+    # None (the default): the GEMM's own output precision
+    outputs: QuantSpec | None = None
     name: str = dataclasses.field(default="", compare=False)  # label for tables
 
     def __post_init__(self):
         schema.check_choice("GemmRecipe", "backward", self.backward, BACKWARD_MODES)
-        if self.norms is not None:
-            if not isinstance(self.norms, QuantSpec):
+        for field, what in (("norms", "the norm vectors"), ("outputs", "the GEMM outputs")):
+            spec = getattr(self, field)
+            if spec is None:
+                continue
+            if not isinstance(spec, QuantSpec):
+                raise ValueError(f"GemmRecipe.{field} must be a QuantSpec or None, got {spec!r}")
+            if spec.needs_key or spec.transform is not None:
                 raise ValueError(
-                    f"GemmRecipe.norms must be a QuantSpec or None, got {self.norms!r}"
-                )
-            if self.norms.needs_key or self.norms.transform is not None:
-                raise ValueError(
-                    f"GemmRecipe.norms={self.norms.summary()}: the norm vectors take a "
-                    "deterministic spec (round to nearest, no Hadamard)"
+                    f"GemmRecipe.{field}={spec.summary()}: {what} take a deterministic spec "
+                    "(round to nearest, no Hadamard)"
                 )
         for g in GEMMS:
             a, b = (self.spec(g, o) for o in OPERANDS[g])
@@ -95,14 +101,15 @@ class GemmRecipe:
     def replace(self, **changes) -> GemmRecipe:
         """A copy with some fields changed, e.g. recipe.replace(wgrad_x=None, wgrad_dy=None).
 
-        `pad` (True or False) is set on every operand spec (`QuantSpec.pad`: zero-pad an axis
-        the tile or rotation does not divide to whole blocks, instead of raising), e.g.
+        `pad` (True or False) is set on every operand spec, and on the norms' and outputs'
+        (`QuantSpec.pad`: zero-pad an axis the tile or rotation does not divide to whole
+        blocks, instead of raising), e.g.
         `fl.recipes.get("nvfp4").replace(pad=True)` for a layer of 3 input channels."""
         if "pad" in changes:
             pad = changes.pop("pad")
             if not isinstance(pad, bool):
                 raise ValueError(f"GemmRecipe.replace: pad={pad!r}; allowed: True or False")
-            for field in schema.OPERAND_NAMES:
+            for field in (*schema.OPERAND_NAMES, "norms", "outputs"):
                 spec = changes.get(field, getattr(self, field))
                 if isinstance(spec, QuantSpec):
                     changes[field] = spec.replace(pad=pad)
@@ -110,17 +117,18 @@ class GemmRecipe:
 
     def to_dict(self) -> dict[str, Any]:
         """The six operand specs (`QuantSpec.to_dict`, None: unquantized), the backward mode
-        and, where set, the norms' spec as plain JSON. The name, a label that takes no part in
-        equality, is left out: equal recipes give equal dicts, and so equal run ids (a recipe
-        without norms gives the dict it gave before the field existed). `from_dict` inverts
-        it."""
+        and, where set, the norms' and the outputs' specs as plain JSON. The name, a label that
+        takes no part in equality, is left out: equal recipes give equal dicts, and so equal run
+        ids (a recipe without norms or outputs gives the dict it gave before those fields
+        existed). `from_dict` inverts it."""
         d: dict[str, Any] = {}
         for field in schema.OPERAND_NAMES:
             s = getattr(self, field)
             d[field] = None if s is None else s.to_dict()
         d["backward"] = self.backward
-        if self.norms is not None:  # left out when None: the ids of earlier runs stay
-            d["norms"] = self.norms.to_dict()
+        for field in ("norms", "outputs"):  # left out when None: earlier run ids stay
+            if getattr(self, field) is not None:
+                d[field] = getattr(self, field).to_dict()
         return d
 
     @classmethod
@@ -132,9 +140,9 @@ class GemmRecipe:
           ValueError: not a dict, an unknown field (named, with the allowed ones) or a bad spec
             (the message names the operand and the spec's field).
         """
-        allowed = [*schema.OPERAND_NAMES, "backward", "norms", "name"]
+        allowed = [*schema.OPERAND_NAMES, "backward", "norms", "outputs", "name"]
         kw = schema.check_fields("GemmRecipe", d, allowed)
-        for field in (*schema.OPERAND_NAMES, "norms"):
+        for field in (*schema.OPERAND_NAMES, "norms", "outputs"):
             if isinstance(kw.get(field), dict):
                 try:
                     kw[field] = QuantSpec.from_dict(kw[field])

@@ -376,7 +376,8 @@ def override(
     operands of the GEMM) or None (unquantized). GEMM keys apply first, so an operand key
     refines a GEMM key: {"wgrad": "bf16", "wgrad_dy": None}. The name and backward mode stay.
     The key "norms" sets the spec of the norm layers' vectors (`GemmRecipe.norms`: a QuantSpec,
-    or None for high precision).
+    or None for high precision), the key "outputs" the spec of the GEMMs' outputs
+    (`GemmRecipe.outputs`).
 
     Raises:
       ValueError: an unknown key or recipe name, a value of another type, or a result whose
@@ -386,13 +387,13 @@ def override(
     gemm_first = sorted(items, key=lambda kv: kv[0] not in GEMMS)
     fields: dict[str, QuantSpec | None] = {}
     for key, value in gemm_first:
-        if key == "norms":
+        if key in ("norms", "outputs"):
             if value is not None and not isinstance(value, QuantSpec):
                 raise ValueError(
-                    f"override 'norms'={value!r} ({type(value).__name__}); allowed: a QuantSpec "
+                    f"override {key!r}={value!r} ({type(value).__name__}); allowed: a QuantSpec "
                     "(e.g. fl.mxfp4()) or None"
                 )
-            fields["norms"] = value
+            fields[key] = value
             continue
         if key in GEMMS:
             targets = [(schema.operand_name(key, o), key, o) for o in OPERANDS[key]]
@@ -400,7 +401,7 @@ def override(
             gemm, operand = key.split("_", 1)
             targets = [(key, gemm, operand)]
         else:
-            allowed = (*GEMMS, *schema.OPERAND_NAMES, "norms")
+            allowed = (*GEMMS, *schema.OPERAND_NAMES, "norms", "outputs")
             hint = schema.did_you_mean(key, allowed)
             raise ValueError(f"override key {key!r}; allowed: {', '.join(allowed)}{hint}")
         if isinstance(value, str):

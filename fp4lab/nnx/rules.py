@@ -14,7 +14,9 @@ dotted nnx graph paths ("blocks.0.mlp.up").
 
 A recipe with `GemmRecipe.norms` also quantizes the affine vectors of the norm layers
 (nnx.LayerNorm, nnx.RMSNorm) whose path its rule matches (`fp4lab.nnx.norms`); other recipes
-leave them in high precision, as before.
+leave them in high precision, as before. A recipe with `GemmRecipe.outputs` also rounds each
+of its GEMMs' outputs, the activations the element-wise ops after it read (a GELU's input, a
+residual branch), as microxcaling's emulation does (`fp4lab.ops.custom_vjp.apply`).
 
 Stochastic rounding and random Hadamard signs draw keys from a dedicated quantization stream:
 each quantized op (`fp4lab.nnx.op`) holds a base key folded from the model key and its path, and
@@ -387,7 +389,7 @@ def describe(model: nnx.Module):
         current = getattr(module, attr)
         if isinstance(current, QuantizedOp) and current.layers:
             for layer, recipe in current.layers:
-                name = "-" if recipe is None else recipe.name or "custom"
+                name = "-" if recipe is None else _label(recipe)
                 rows.append({"path": layer, "op": op, "recipe": name})
             continue
         stack = _stack_of(model, path, module)
@@ -396,7 +398,7 @@ def describe(model: nnx.Module):
             continue
         name = "-"
         if isinstance(current, QuantizedOp):
-            name = current.recipe.name or "custom"
+            name = _label(current.recipe)
         rows.append({"path": _dotted(path), "op": op, "recipe": name})
     for path, module in nnx.iter_modules(model):  # norm layers whose vectors are quantized
         spec = norms.norm_spec(module)
@@ -404,6 +406,14 @@ def describe(model: nnx.Module):
             rows.append({"path": _dotted(path), "op": "norm", "recipe": f"norms={spec.summary()}"})
     rows += [{"path": p, "op": "-", "recipe": NO_SEAM} for p in unseamed(model)]
     return pd.DataFrame(rows, columns=["path", "op", "recipe"])
+
+
+def _label(recipe: recipes.GemmRecipe) -> str:
+    """A recipe's name in `describe`, with its outputs' spec where the name does not say it."""
+    name = recipe.name or "custom"
+    if recipe.outputs is not None and "outputs=" not in name:
+        name += f"+outputs={recipe.outputs.summary()}"
+    return name
 
 
 def backend_report(model: nnx.Module):

@@ -9,7 +9,8 @@ per (gemm, shapes), also when called eagerly (op-by-op dispatch of the quantizer
 ops is slow); the primal and the forward rule share that one trace. The gradient channel: with
 telemetry the op takes a zero `probe` input, and the probe's cotangent is the backward
 statistics, so they leave the VJP like any gradient and model code does not change
-(docs/architecture.md §5).
+(docs/architecture.md §5). A recipe's `outputs` spec then rounds the output, outside the VJP,
+through `fake_quant` (straight-through: the backward GEMMs get the cotangent unchanged).
 
 Errors name the layer: an op module (`fp4lab.nnx.op`) calls under `calling(path, recipe)`, and a
 shape error of its forward, or of a backward traced later (outside the call), is raised again
@@ -25,6 +26,7 @@ import functools
 import jax
 
 from fp4lab.core import kernel_route, recipes
+from fp4lab.core.quantize import fake_quant
 
 __all__ = ["apply", "at_layer", "calling", "named_layer"]
 
@@ -133,11 +135,24 @@ def apply(gemm, lhs, rhs, aux, probe=None):
       probe: telemetry's zero input of shape (len(BWD_OPERANDS), len(STATS)), or None.
     Returns:
       y, or (y, forward statistics) with telemetry; the probe's cotangent carries the backward
-      statistics.
+      statistics. y is rounded through `gemm.recipe.outputs` where that is set.
     """
     if gemm.telemetry != (probe is not None):
         raise ValueError("apply: pass a probe exactly when gemm.telemetry is True")
     if _CALLER[0] is not None:
         path, recipe = _CALLER[0]
         _SEEN.setdefault((gemm, lhs.shape, rhs.shape), {})[path] = recipe
-    return _vjp(gemm, kernel_route.enabled(), lhs, rhs, aux, probe)
+    out = _vjp(gemm, kernel_route.enabled(), lhs, rhs, aux, probe)
+    spec = gemm.recipe.outputs
+    if spec is None:
+        return out
+    y = out[0] if gemm.telemetry else out
+    width, block = y.shape[-1], spec.tile[-1] if spec.tile is not None else 1
+    if width % block and not spec.pad:
+        raise ValueError(
+            f"the GEMM's output {tuple(y.shape)}: its last axis is not a multiple of the outputs "
+            f"spec's block {block} ({spec.summary()}); zero-pad with an outputs spec whose pad "
+            "is True, or keep this layer's outputs unquantized"
+        )
+    y = fake_quant(y, spec)
+    return (y, out[1]) if gemm.telemetry else y

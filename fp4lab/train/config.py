@@ -17,6 +17,7 @@ Precision is written with recipe names or with values:
     phases=((0.9, {"gemms": {"fprop": "bf16"}}),)   ... or only the forward GEMM
     phases=((1500, {"lr_scale": 0.5}),)   from step 1500 on, half the learning rate
     gemms={"norms": fl.mxfp4()}           the norm layers' scale and bias in MXFP4 too
+    gemms={"outputs": fl.mxfp4()}         every GEMM's output (what GELU, the residual add read) too
 
 A recipe (in `recipe`, `rules`, phases) is a name of `fp4lab.recipes.names()` or a GemmRecipe;
 a `gemms` key is a GEMM ("wgrad": both operands) or an operand ("dgrad_dy"), its value a recipe

@@ -86,7 +86,7 @@ def gemms_field(name: str, value) -> tuple:
     out: dict[str, Any] = {}
     from_gemms: dict[str, QuantSpec | None] = {}
     for key, src in given.items():
-        choice(f"{name} key", key, (*schema.GEMMS, *schema.OPERAND_NAMES, "norms"))
+        choice(f"{name} key", key, (*schema.GEMMS, *schema.OPERAND_NAMES, "norms", "outputs"))
         where = f"{name}[{key!r}]"
         if isinstance(src, dict):
             try:
