@@ -73,8 +73,9 @@ __all__ = [
 ]
 
 STREAMS = ("init", "data", "quant")
-# the per-step instability signals a record keeps when Config.signals asks (fp4lab.train.signals)
-SIGNALS = ("update_ratio", "norm_max")
+# the per-step instability signals a record keeps when Config.signals asks (fp4lab.train.signals;
+# the last two, the built-in LMs' own (Task.signals), only for those)
+SIGNALS = ("update_ratio", "norm_max", "attn_logit_max", "logit_z")
 SEED_COLUMNS = tuple(f"seed_{s}" for s in STREAMS)  # a stream's seed in a runs table
 # a stream's seed lies in [0, SEED_LIMIT): jax.random.key(seed) keeps the seed's low 32 bits,
 # so 2**32 + 1 (or -1) would give the stream of 1 (of 2**32 - 1) under another run id
@@ -313,8 +314,8 @@ METRICS_COLUMNS: dict[str, tuple[str, str, str]] = {
     "step": ("int", "the optimizer step (0-based)", _METRICS),
     "metric": (
         "str",
-        "loss, grad_norm, loss_scale, loss_hp (Config.target_on), update_ratio and norm_max "
-        "(Config.signals) or a telemetry key (quant/...)",
+        "loss, grad_norm, loss_scale, loss_hp (Config.target_on), update_ratio, norm_max and, "
+        "for the LMs, attn_logit_max and logit_z (Config.signals) or a telemetry key (quant/...)",
         _METRICS,
     ),
     "value": ("float", "the metric's value at that step", _METRICS),

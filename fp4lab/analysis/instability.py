@@ -10,6 +10,8 @@ first_spike, max_spike, diverged_at_end) and `diverged` (`fp4lab.train.divergenc
     stream_attribution is an outcome tied to the quant stream or to init and data? the
                        quant seed's flips (exact) and a permutation test
     predictive         per-step signals before an event: AUC and lead time, runs as the unit
+    signal_growth      per cell: a signal at the start and at its peak before any event (does
+                       the attention logit grow at a high lr; does qk-layernorm bound it?)
     fork_outcomes      forks taken k steps before an event: averted, delayed or not
 
 Every word here comes from an exact procedure: Clopper-Pearson intervals (coverage at least
@@ -37,6 +39,7 @@ __all__ = [
     "lr_sensitivity",
     "stream_attribution",
     "predictive",
+    "signal_growth",
     "fork_outcomes",
     "parse_events",
 ]
@@ -391,6 +394,63 @@ def predictive(
                 "horizon": horizon,
             }
         )
+    return pd.DataFrame(rows)
+
+
+def signal_growth(
+    metrics: pd.DataFrame,
+    runs: pd.DataFrame,
+    signals: Sequence[str],
+    *,
+    by: Sequence[str] = ("cell",),
+    level: float = 0.95,
+) -> pd.DataFrame:
+    """Per group and signal: the signal at step 0 and its peak over the steps before the run's
+    first spike event (all steps where it has none), each a mean over runs with a t-interval,
+    and the peak's ratio to the start (a geometric mean: the mean of the log ratios, its
+    interval exponentiated; none where a start or a peak is not above 0, e.g. the update
+    ratio at step 0 of a warm-up from lr 0). Non-finite values are left out of the peak; a
+    run whose signal is not finite at step 0, or that has no step before its first event, is
+    left out (counted in `left_out`).
+
+    Returns:
+      One row per (group, signal): the `by` columns, signal, runs, left_out, start, start_lo,
+      start_hi, peak, peak_lo, peak_hi, growth, growth_lo, growth_hi.
+    """
+    require(runs, (*by, "run_id", "first_spike"), "signal_growth")
+    require(metrics, ("run_id", "step", "metric", "value"), "signal_growth")
+    rows = []
+    for key, g in ok_runs(runs).groupby(list(by), sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        for signal in signals:
+            m = metrics[(metrics["metric"] == signal) & metrics["run_id"].isin(g["run_id"])]
+            first = dict(zip(g["run_id"], g["first_spike"], strict=True))
+            starts, peaks, left_out = [], [], 0
+            for rid, series in m.groupby("run_id"):
+                series = series.sort_values("step")
+                stop = first[rid] if np.isfinite(first[rid]) else np.inf
+                before = series[series["step"] < stop]["value"].to_numpy(float)
+                before = before[np.isfinite(before)]
+                start = series["value"].iloc[0]
+                if series["step"].iloc[0] != 0 or not np.isfinite(start) or len(before) == 0:
+                    left_out += 1
+                    continue
+                starts.append(float(start))
+                peaks.append(float(before.max()))
+            row = dict(zip(by, key, strict=True)) | {"signal": signal, "runs": len(starts)}
+            row["left_out"] = left_out + len(g) - m["run_id"].nunique()
+            if not starts:
+                rows.append(row)
+                continue
+            for name, values in (("start", starts), ("peak", peaks)):
+                ci = t_interval(np.asarray(values), level)
+                row |= {name: ci.estimate, f"{name}_lo": ci.lo, f"{name}_hi": ci.hi}
+            starts_a, peaks_a = np.asarray(starts), np.asarray(peaks)
+            if np.all(starts_a > 0) and np.all(peaks_a > 0):  # else no ratio (e.g. a 0 start)
+                ci = t_interval(np.log(peaks_a / starts_a), level)
+                row |= {"growth": np.exp(ci.estimate)}
+                row |= {"growth_lo": np.exp(ci.lo), "growth_hi": np.exp(ci.hi)}
+            rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -29,7 +29,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["TransformerConfig", "Transformer", "Block", "Attention", "SwiGLU", "rope"]
+__all__ = [
+    "TransformerConfig",
+    "Transformer",
+    "Block",
+    "Attention",
+    "SwiGLU",
+    "rope",
+    "logit_stats",
+]
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -114,7 +122,9 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+    def scores(self, x_BxTxD: jax.Array) -> jax.Array:
+        """The attention logits q.k / sqrt(H) (float32), the positions a query may not see
+        (later ones) set to float32's lowest value."""
         T = x_BxTxD.shape[1]
         positions_T = jnp.arange(T)
         q_BxTxNxH, k_BxTxNxH = self.query(x_BxTxD), self.key(x_BxTxD)
@@ -122,12 +132,15 @@ class Attention(nnx.Module):
             q_BxTxNxH, k_BxTxNxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxNxH)
         q_BxTxNxH = rope(q_BxTxNxH, positions_T, self.rope_base)
         k_BxTxNxH = rope(k_BxTxNxH, positions_T, self.rope_base)
-        v_BxTxNxH = self.value(x_BxTxD)
         H = q_BxTxNxH.shape[-1]
         scores_BxNxTxT = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxTxNxH)
         scores_BxNxTxT = scores_BxNxTxT.astype(jnp.float32) / jnp.sqrt(jnp.float32(H))
         causal_1x1xTxT = jnp.tril(jnp.ones((T, T), dtype=bool))[None, None, :, :]
-        scores_BxNxTxT = jnp.where(causal_1x1xTxT, scores_BxNxTxT, jnp.finfo(jnp.float32).min)
+        return jnp.where(causal_1x1xTxT, scores_BxNxTxT, jnp.finfo(jnp.float32).min)
+
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        scores_BxNxTxT = self.scores(x_BxTxD)
+        v_BxTxNxH = self.value(x_BxTxD)
         probs_BxNxTxT = jax.nn.softmax(scores_BxNxTxT, axis=-1).astype(v_BxTxNxH.dtype)
         o_BxTxNxH = jnp.einsum("bnts,bsnh->btnh", probs_BxNxTxT, v_BxTxNxH)
         return self.out(o_BxTxNxH)
@@ -161,6 +174,11 @@ class Block(nnx.Module):
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         x_BxTxD = x_BxTxD + self.attn(self.attn_norm(x_BxTxD))
         return x_BxTxD + self.mlp(self.mlp_norm(x_BxTxD))
+
+    def logit_max(self, x_BxTxD: jax.Array) -> jax.Array:
+        """The largest attention logit this block computes on input x (a query's own position
+        is always visible, so the masked entries never win)."""
+        return jnp.max(self.attn.scores(self.attn_norm(x_BxTxD)))
 
 
 class Transformer(nnx.Module):
@@ -202,6 +220,24 @@ class Transformer(nnx.Module):
         return logits_BxTxV.astype(jnp.float32)
 
 
+def logit_stats(model: Transformer, tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(logits, the largest attention logit of every block, (n_layers,)) of `model` on tokens:
+    Wortsman et al. 2023's attention-logit growth, read beside the forward (each block's
+    logits computed a second time, from the block's input; the logits returned are the
+    model's own call's)."""
+    x_BxTxD = model.embed(tokens_BxT)
+    if model.config.scan_layers:
+        x_BxTxD, maxima_L = _scan_blocks_with_max(x_BxTxD, model.blocks)
+    else:
+        maxima = []
+        for block in model.blocks:
+            maxima.append(block.logit_max(x_BxTxD))
+            x_BxTxD = block(x_BxTxD)
+        maxima_L = jnp.stack(maxima)
+    logits_BxTxV = model.lm_head(model.norm(x_BxTxD)).astype(jnp.float32)
+    return logits_BxTxV, maxima_L
+
+
 def _stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:
     """One Block whose state is the n_layers Blocks of the unscanned model, stacked along a
     leading axis (the same draws from `rngs`, so both models start from the same parameters)."""
@@ -214,3 +250,8 @@ def _stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:
 @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
 def _scan_blocks(x_BxTxD: jax.Array, block: Block) -> jax.Array:
     return block(x_BxTxD)
+
+
+@nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+def _scan_blocks_with_max(x_BxTxD: jax.Array, block: Block) -> tuple[jax.Array, jax.Array]:
+    return block(x_BxTxD), block.logit_max(x_BxTxD)

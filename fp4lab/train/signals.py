@@ -7,6 +7,17 @@ step already holds, no shadow and no operand statistics.
                    nnx.RMSNorm; NaN without one): the affine vector whose quantization
                    Su et al. 2025 (arXiv 2506.20752) tie to MX training's spikes
 
+The built-in LMs add their own (`Task.signals`), read from the high-precision model at the
+step's weights on the step's batch (one more forward pass; the quantized model and its keys
+are not touched, so the run's other series are the same with and without them):
+
+    attn_logit_max the largest attention logit q.k / sqrt(H) over the blocks, heads and batch
+                   (Wortsman et al. 2023: attention-logit growth precedes the attention
+                   entropy's collapse; qk-layernorm bounds it)
+    logit_z        the RMS over the predicted positions of log Z, the output logits'
+                   log-partition (Wortsman et al.'s output-logit divergence; z-loss holds it
+                   near 0)
+
 With grad_norm and the loss (always recorded) they are the per-step series that
 `fp4lab.analysis.instability.predictive` scores for lead time and AUC before spike events.
 """

@@ -26,6 +26,7 @@ from flax import nnx
 
 from fp4lab.data import CharDataset, MarkovLM, Teacher
 from fp4lab.models import MLP, ResidualMLP, Transformer, TransformerConfig
+from fp4lab.models.transformer import logit_stats
 from fp4lab.train import own
 from fp4lab.train.config import Config
 
@@ -43,6 +44,10 @@ class Task:
     batch: Callable[[jax.Array, Any], Any]  # (data key, step) -> batch
     loss: Callable[[nnx.Module, Any], jax.Array]  # (model, batch) -> mean loss
     eval: Callable[[jax.Array, Any], Any] | None = None  # (key, i) -> held-out batch (or batch)
+    # (model, batch) -> {signal: scalar}: the task's own per-step signals (`Config.signals`),
+    # read from the high-precision model at the step's weights (the built-in LMs': the
+    # largest attention logit and the RMS of the output logits' log Z)
+    signals: Callable[[nnx.Module, Any], dict[str, jax.Array]] | None = None
 
 
 def _lm_task(cfg: Config, vocab: int, sample, floor: float, skip: int, name: str) -> Task:
@@ -69,6 +74,12 @@ def _lm_task(cfg: Config, vocab: int, sample, floor: float, skip: int, name: str
         z_BxS = jax.nn.logsumexp(logits_BxTxV, axis=-1)
         return ce + cfg.z_loss * jnp.mean(jnp.square(z_BxS))
 
+    def signals(model, tokens_BxT):
+        # Wortsman et al. 2023's two instabilities: attention-logit growth, output-logit drift
+        logits_BxTxV, maxima_L = logit_stats(model, tokens_BxT[:, :-1])
+        z_BxS = jax.nn.logsumexp(logits_BxTxV[:, skip - 1 :], axis=-1)
+        return {"attn_logit_max": jnp.max(maxima_L), "logit_z": jnp.sqrt(jnp.mean(z_BxS**2))}
+
     return Task(
         name=name,
         floor=floor,
@@ -76,6 +87,7 @@ def _lm_task(cfg: Config, vocab: int, sample, floor: float, skip: int, name: str
         model=lambda rngs: Transformer(tcfg, rngs=rngs),
         batch=lambda key, t: sample(key),
         loss=loss,
+        signals=signals,
     )
 
 

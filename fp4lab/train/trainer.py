@@ -27,7 +27,8 @@ median of the last `spike_window` losses: `fp4lab.train.divergence`) is recorded
 with `stop_on_divergence` the run freezes there and later losses read NaN.
 
 `train(keys)` returns arrays: loss, grad_norm and loss_scale per step (with `Config.signals`
-also update_ratio and norm_max, `fp4lab.train.signals`; and loss_hp with
+also update_ratio and norm_max, `fp4lab.train.signals`, and the task's own signals, the LMs'
+attn_logit_max and logit_z; and loss_hp with
 `Config.target_on="hp"`: the step's weights on the step's batch, before the update, under a
 high-precision forward: a held-out loss at every step where batches are fresh); eval_loss (held-out,
 under the last phase's recipe, at the end) and eval_hp (the same weights and batches under a
@@ -245,7 +246,9 @@ def _gradients(cfg: Config, task: Task, model, batch, scale, measure):
     return loss, grads, metrics
 
 
-def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, measure, hp=None):
+def _step(
+    cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, measure, hp=None, plain=None
+):
     """One optimizer step: (carry, the model's non-Param state, per-step outputs, metrics).
     `hp`: (graphdef, non-Param state) of the plain model, whose loss on the step's batch with
     the step's weights, before the update, is the `loss_hp` output (`Config.target_on`)."""
@@ -278,6 +281,9 @@ def _step(cfg: Config, task: Task, tx, carry: Carry, t, graphdef, rest, keys, me
     }
     if cfg.signals:
         out.update(signals.step_signals(model, carry.params, updates))
+        if plain is not None:  # the task's own, on the high-precision model at these weights
+            own = task.signals(nnx.merge(plain[0], carry.params, plain[1]), batch)
+            out.update({k: jax.lax.stop_gradient(v).astype(jnp.float32) for k, v in own.items()})
         out = {k: jnp.where(frozen, nan, v) if k in signals.SIGNALS else v for k, v in out.items()}
     if hp is not None:
         loss_hp = task.loss(nnx.merge(hp[0], carry.params, hp[1]), batch)
@@ -294,9 +300,12 @@ def _run_phase(
     `make_train` makes it a side effect every k steps that reads and changes nothing, and the
     scans of one step are then inlined as XLA inlines them without it (bit-identical, tested)."""
     every = cfg.telemetry_every
-    if cfg.target_on == "hp":  # the plain model, for loss_hp
+    if cfg.target_on == "hp" or (cfg.signals and task.signals is not None):
         graph_hp, _, rest_hp = nnx.split(init_model(task, keys), nnx.Param, ...)
-        step = functools.partial(step, hp=(graph_hp, rest_hp))
+        if cfg.target_on == "hp":  # the plain model, for loss_hp
+            step = functools.partial(step, hp=(graph_hp, rest_hp))
+        if cfg.signals and task.signals is not None:  # ... and for the task's signals
+            step = functools.partial(step, plain=(graph_hp, rest_hp))
     model = init_model(task, keys)
     quantize_model(
         model,
@@ -432,8 +441,8 @@ def make_train(
             due = ((t + 1) % every == 0) | (t + 1 == cfg.steps)
             jax.lax.cond(due, call, lambda: None)
 
-    def step(carry, t, graphdef, rest, keys, measure, hp=None):
-        return _step(cfg, task, tx, carry, t, graphdef, rest, keys, measure, hp)
+    def step(carry, t, graphdef, rest, keys, measure, hp=None, plain=None):
+        return _step(cfg, task, tx, carry, t, graphdef, rest, keys, measure, hp, plain)
 
     def train(keys: dict[str, jax.Array]) -> dict[str, Any]:
         missing = set(STREAMS) - set(keys)

@@ -168,3 +168,30 @@ def test_predictive_scores_a_signal_that_rises_before_each_event():
     assert abs(out.loc["flat", "auc"] - 0.5) < 0.1 and out.loc["flat", "lead_median"] == 0
     assert instability.parse_events("12:2.5:3;40:inf:1") == [(12, 2.5, 3), (40, np.inf, 1)]
     assert instability.parse_events(np.nan) == []
+
+
+def test_signal_growth_reads_the_peak_before_the_first_event_with_t_intervals():
+    rng = np.random.default_rng(5)
+    metrics, runs = [], []
+    for cell, rise in (("grows", 4.0), ("bounded", 1.0)):
+        for r in range(5):
+            n, event = 100, 60 if cell == "grows" else np.nan
+            v = 2.0 * np.linspace(1, rise, n) * (1 + 0.01 * rng.standard_normal(n))
+            v[0] = 2.0
+            if cell == "grows":
+                v[60:] = 1e6  # the blow-up itself is not the growth before it
+                v[10] = np.nan  # a non-finite value is left out of the peak
+            rid = f"{cell}{r}"
+            metrics.append(pd.DataFrame({"run_id": rid, "step": np.arange(n), "metric": "s",
+                                         "value": v}))  # fmt: skip
+            runs.append({"run_id": rid, "cell": cell, "status": "ok", "first_spike": event})
+    runs.append({"run_id": "late", "cell": "bounded", "status": "ok", "first_spike": np.nan})
+    out = instability.signal_growth(pd.concat(metrics), pd.DataFrame(runs), ["s"])
+    out = out.set_index("cell")
+    grows, bounded = out.loc["grows"], out.loc["bounded"]
+    assert grows["runs"] == 5 and grows["left_out"] == 0 and bounded["left_out"] == 1
+    assert grows["start"] == pytest.approx(2.0) and grows["start_lo"] == pytest.approx(2.0)
+    # the peak before step 60 is 2 * (1 + 3 * 59/99) = 5.58, not the 1e6 after it
+    assert grows["peak"] == pytest.approx(2 * (1 + 3 * 59 / 99), rel=0.03)
+    assert grows["growth_lo"] > 2.5 and grows["growth_hi"] < 3.0
+    assert bounded["growth"] == pytest.approx(1.0, abs=0.03)

@@ -71,6 +71,7 @@ def test_signals_are_the_update_to_weight_ratio_and_the_largest_norm_scale():
     arrays = jax.jit(make_train(cfg))(make_keys(0, 0, 0))
     assert np.all(np.isfinite(arrays["update_ratio"])) and arrays["update_ratio"].shape == (30,)
     assert float(arrays["norm_max"][0]) == 1.0  # LayerNorm scales start at ones
+    assert "attn_logit_max" not in arrays and "logit_z" not in arrays  # the LMs' own only
     # Adam's first update is -lr * g / (|g| + eps): its norm is lr * sqrt(#nonzero gradients)
     model = make_task(cfg).model(nnx.Rngs(params=make_keys(0, 0, 0)["init"]))
     params = nnx.state(model, nnx.Param)
@@ -80,3 +81,46 @@ def test_signals_are_the_update_to_weight_ratio_and_the_largest_norm_scale():
     off = jax.jit(make_train(cfg.replace(signals=False)))(make_keys(0, 0, 0))
     assert "update_ratio" not in off
     np.testing.assert_array_equal(off["loss"], arrays["loss"])  # the signals change no number
+
+
+LM = dict(task="markov", vocab=32, d_model=32, n_layers=2, n_heads=2, d_ff=32, seq_len=8,
+          batch_size=4, steps=6, warmup=0, eval_batches=1, clip_norm=0.0)  # fmt: skip
+
+
+def _attention_logits(model, tokens_BxT):
+    """The blocks' attention logits written out from the parameters (RoPE from fp4lab's
+    `rope`, checked against the paper's formula in tests/models), valid positions only."""
+    from fp4lab.models.transformer import rope
+
+    x = model.embed(tokens_BxT)
+    T, out = tokens_BxT.shape[1], []
+    for block in model.blocks:
+        h = block.attn_norm(x)
+        q = jnp.einsum("btd,dnh->btnh", h, block.attn.query.kernel[...])
+        k = jnp.einsum("btd,dnh->btnh", h, block.attn.key.kernel[...])
+        q, k = rope(q, jnp.arange(T)), rope(k, jnp.arange(T))
+        s = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
+        out.append(np.asarray(s)[..., np.tril(np.ones((T, T), bool))])
+        x = block(x)
+    return out
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp4"])
+def test_the_lm_s_own_signals_are_its_largest_attention_logit_and_log_z(recipe):
+    cfg = Config(**LM, recipe=recipe, signals=True)
+    keys = make_keys(0, 0, 0)
+    arrays = jax.jit(make_train(cfg))(keys)
+    for name in ("attn_logit_max", "logit_z"):
+        assert arrays[name].shape == (6,) and np.all(np.isfinite(arrays[name]))
+    # step 0: the initial weights on the first batch, under a high-precision forward
+    model = make_task(cfg).model(nnx.Rngs(params=keys["init"]))
+    tokens = train_batch(make_task(cfg), keys, 0)
+    want = max(s.max() for s in _attention_logits(model, tokens[:, :-1]))
+    assert float(arrays["attn_logit_max"][0]) == pytest.approx(want, rel=1e-5)
+    z = jax.nn.logsumexp(model(tokens[:, :-1])[:, cfg.order - 1 :], axis=-1)
+    assert float(arrays["logit_z"][0]) == pytest.approx(float(jnp.sqrt(jnp.mean(z**2))), rel=1e-5)
+    off = jax.jit(make_train(cfg.replace(signals=False)))(keys)
+    assert "attn_logit_max" not in off
+    np.testing.assert_array_equal(off["loss"], arrays["loss"])  # the signals change no number
+    scanned = jax.jit(make_train(cfg.replace(scan_layers=True)))(keys)
+    np.testing.assert_allclose(scanned["attn_logit_max"], arrays["attn_logit_max"], rtol=1e-4)
