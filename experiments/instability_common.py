@@ -3,9 +3,10 @@
 `proxy_config` is Su et al. 2025's student-teacher proxy as every proxy study runs it (a
 pre-LayerNorm residual MLP, 4 blocks, 64 wide, GELU MLPs 256 wide, regressing a fixed random
 GELU teacher on Gaussian inputs; 128 examples a step, 2000 steps, Adam, a constant lr 0.1 after
-100 warm-up steps, no clipping, the cheap per-step signals on). `lr_figure` draws a study's
-`lr_loss` table: the capped final loss against learning rate, one line per precision.
-`spike_tables` is a spike study's rates, contrasts and, while the series are there, prediction.
+100 warm-up steps, no clipping, the cheap per-step signals on), `lm_config` the LM studies'
+4-block LM. `lr_figure` draws a study's `lr_loss` table: the capped final loss against learning
+rate, one line per precision. `spike_tables` is a spike study's rates, contrasts and, while the
+series are there, prediction.
 """
 
 import matplotlib
@@ -34,6 +35,31 @@ def proxy_config(**changes) -> Config:
         clip_norm=0.0,
         warmup=100,
         schedule="constant",
+        eval_batches=4,
+        signals=True,
+    )
+    return base.replace(**changes) if changes else base
+
+
+def lm_config(**changes) -> Config:
+    """The 4-block LM of the LM instability studies (64 wide, 4 heads, SwiGLU 128 wide, a
+    first-order Markov language of 64 tokens, 16 sequences of 64 tokens a step, 250 steps,
+    Adam, 10 warm-up steps, no clipping, the per-step signals on)."""
+    base = Config(
+        task="markov",
+        vocab=64,
+        order=1,
+        branching=4,
+        d_model=64,
+        n_layers=4,
+        scan_layers=True,
+        n_heads=4,
+        d_ff=128,
+        seq_len=64,
+        batch_size=16,
+        steps=250,
+        warmup=10,
+        clip_norm=0.0,
         eval_batches=4,
         signals=True,
     )

@@ -13,10 +13,9 @@ divergence shares per cell, exact intervals), contrasts.csv (each quantized cell
 at its lr, Fisher's exact test, Bonferroni over all), lr_loss.csv, sensitivity.csv and
 figures/lr_loss.png."""
 
-from instability_common import lr_figure
+from instability_common import lm_config, lr_figure
 
 from fp4lab.analysis import instability
-from fp4lab.train.config import Config
 
 SEEDS = 3
 LRS = (0.3, 0.5, 0.7, 1.0)
@@ -30,24 +29,7 @@ PRECISIONS = {
 
 
 def get_config():
-    return Config(
-        task="markov",
-        vocab=64,
-        order=1,
-        branching=4,
-        d_model=64,
-        n_layers=4,
-        scan_layers=True,
-        n_heads=4,
-        d_ff=128,
-        seq_len=64,
-        batch_size=16,
-        steps=250,
-        warmup=10,
-        clip_norm=0.0,
-        eval_batches=4,
-        signals=True,
-    )
+    return lm_config()
 
 
 def sweep(add):

@@ -33,15 +33,22 @@ STUDIES = {
     "instability_forks_fresh_parents": (PROXY, 1, {"rates": 4, "contrasts": 3}),
     "instability_fp8_seeds": (PROXY, 1, {"rates": 4, "contrasts": 4}),
     "instability_damping": (PROXY, 1, {"rates": 5, "contrasts": 4}),
+    "instability_outputs": (PROXY, 1, {"rates": 10, "contrasts": 8}),
     "instability_streams": (PROXY, [(0, 0, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1)], {"rates": 1}),
     # with the proxy study's lr-0.1 cells (the committed ones): 3 learning rates
     "instability_proxy_lr": (PROXY, 1, {"rates": 12, "lr_loss": 12, "sensitivity": 4}),
     "instability_lm": (LM, 1, {"rates": 4, "lr_loss": 4, "sensitivity": 4}),
+    # one cell (the LM's signals, their growth and prediction, have their own tests)
+    "instability_lm_signals": (LM, 1, {"rates": 1, "growth": 4, "predict": 4}),
     # its cells at lr 0.3 (every precision once), joined with 8 committed (precision, lr) cells
     "instability_recipes_lr": (PROXY, 1, {"rates": 15, "lr_loss": 15, "sensitivity": 9}),
 }
 # studies of more cells than a test compiles: the cells whose label ends so
-ONLY = {"instability_recipes_lr": " lr 0.3", "instability_lm": " lr 1.0"}
+ONLY = {
+    "instability_recipes_lr": " lr 0.3",
+    "instability_lm": " lr 1.0",
+    "instability_lm_signals": "mxfp4 z-loss lr 1.0",
+}
 
 
 @pytest.mark.parametrize("study", sorted(STUDIES))

@@ -16,6 +16,7 @@ STUDIES = {  # (study, seeds_from): its worded tables
     ("randomness_vs_error_lm", 10): ("verdict", "link", "cells"),
     ("instability_proxy", 8): ("contrasts",),
     ("instability_streams", 6): ("attribution",),
+    ("instability_outputs", 8): ("contrasts",),
 }
 
 
@@ -93,3 +94,12 @@ def test_the_stated_replications_of_randomness_or_error_on_the_lm():
     four = pooled.loc[("recipe", "nvfp4-no-sr four-over-six - nvfp4-no-sr")]
     assert four.verdict == "lower" and round(four.hi, 4) == -0.0027
     assert (pooled.loc["init"].verdict == "unbalanced").all()
+
+
+def test_the_stated_replications_of_the_quantized_activations():
+    words = _words("instability_outputs")
+    assert words.value_counts().to_dict() == {"replicated": 8}
+    assert words[("contrasts", "bf16+ln+out vs bf16+ln | spiked")] == "replicated"
+    fresh = pd.read_csv(ROOT / "instability_outputs_fresh8" / "contrasts.csv")
+    row = fresh.set_index("contrast").loc["bf16+ln+out vs bf16+ln"]
+    assert (row.k_a, row.k_b, row.verdict, round(row.p, 4)) == (0, 7, "lower", 0.0014)

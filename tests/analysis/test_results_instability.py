@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TABLES = {
     "instability_proxy": ("rates", "contrasts"),
     "instability_damping": ("rates", "contrasts"),
+    "instability_outputs": ("rates", "contrasts"),
     "instability_forks": ("forks", "averted"),
     "instability_forks_fresh_parents": ("rates", "contrasts"),
     "instability_forks_fresh": ("forks", "averted"),
