@@ -96,13 +96,15 @@ def lr_figure(per_lr, path, title, *, log_loss=True, dashed=()):
 
 def spike_tables(results, contrasts):
     """rates (per cell), contrasts (Fisher's exact test on "spiked" for each (a, b) of
-    `contrasts`, Bonferroni over them) and, while the spiking runs' series are in the folder,
+    `contrasts` whose cells were run, Bonferroni over them) and, while the spiking runs' series are in the folder,
     predict (`instability.predictive` of `SIGNALS`: a committed folder, records only, has
     none)."""
     runs = results.runs
+    present = set(runs["cell"])  # all of them, unless a subset was run
+    pairs = [(a, b) for a, b in contrasts if {a, b} <= present]
     tables = {
         "rates": instability.spike_rates(runs),
-        "contrasts": instability.contrasts(runs, contrasts, outcome="spiked"),
+        "contrasts": instability.contrasts(runs, pairs, outcome="spiked"),
     }
     spiking = runs[runs["spikes"] > 0]
     if set(spiking["run_id"]) <= set(results.metrics["run_id"]):  # the series are there

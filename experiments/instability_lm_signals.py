@@ -15,7 +15,8 @@ and 1.0 (3 seeds; 8 at 1.0), the LM study's configs and seeds (its runs again, w
 series; bf16 with qk-norm is new). `analyze` writes rates.csv (spike and divergence shares,
 exact intervals), growth.csv (`instability.signal_growth`: each signal at step 0 and at its peak
 before the first event, t-intervals over runs, and the peak over the start) and predict.csv
-(which signal rises before the events, AUC and lead time, over the runs with one).
+(which signal rises before the events, AUC and lead time, over the runs with one), and
+figures/logits.png (the two logits per step, each cell's median over its seeds).
 """
 
 from instability_common import lm_config
@@ -54,4 +55,31 @@ def analyze(results):
         tables["growth"] = instability.signal_growth(results.metrics, runs, SIGNALS, by=by)
         eventful = runs[runs["spikes"] > 0]
         tables["predict"] = instability.predictive(results.metrics, eventful, SIGNALS)
+        _figure(results.metrics, runs, results.path / "figures" / "logits.png")
     return tables
+
+
+def _figure(metrics, runs, path):
+    """The two logits per step, the median over a cell's seeds, one panel per lr."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wide = metrics[metrics["metric"].isin(SIGNALS[:2])].merge(
+        runs[["run_id", "precision", "lr"]], on="run_id"
+    )
+    fig, axes = plt.subplots(2, len(LRS), figsize=(4 * len(LRS), 6), sharex=True)
+    for row, signal in enumerate(SIGNALS[:2]):
+        for col, lr in enumerate(LRS):
+            ax = axes[row, col]
+            at = wide[(wide["metric"] == signal) & (wide["lr"] == lr)]
+            for i, name in enumerate(PRECISIONS):  # one colour per precision in every panel
+                median = at[at["precision"] == name].groupby("step")["value"].median()
+                ax.plot(median.index, median.to_numpy(), color=f"C{i}", label=name)
+            ax.set(yscale="log", title=f"{signal}, lr {lr}", xlabel="step" if row else None)
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

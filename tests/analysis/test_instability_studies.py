@@ -33,7 +33,8 @@ STUDIES = {
     "instability_forks_fresh_parents": (PROXY, 1, {"rates": 4, "contrasts": 3}),
     "instability_fp8_seeds": (PROXY, 1, {"rates": 4, "contrasts": 4}),
     "instability_damping": (PROXY, 1, {"rates": 5, "contrasts": 4}),
-    "instability_outputs": (PROXY, 1, {"rates": 10, "contrasts": 8}),
+    # its cells with the outputs quantized (the reference cells are the proxy study's)
+    "instability_outputs": (PROXY, 1, {"rates": 4, "contrasts": 2}),
     "instability_streams": (PROXY, [(0, 0, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1)], {"rates": 1}),
     # with the proxy study's lr-0.1 cells (the committed ones): 3 learning rates
     "instability_proxy_lr": (PROXY, 1, {"rates": 12, "lr_loss": 12, "sensitivity": 4}),
@@ -48,6 +49,7 @@ ONLY = {
     "instability_recipes_lr": " lr 0.3",
     "instability_lm": " lr 1.0",
     "instability_lm_signals": "mxfp4 z-loss lr 1.0",
+    "instability_outputs": "out",
 }
 
 

@@ -105,9 +105,8 @@ def _attention_logits(model, tokens_BxT):
     return out
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "mxfp4"])
-def test_the_lm_s_own_signals_are_its_largest_attention_logit_and_log_z(recipe):
-    cfg = Config(**LM, recipe=recipe, signals=True)
+def test_the_lm_s_own_signals_are_its_largest_attention_logit_and_log_z():
+    cfg = Config(**LM, recipe="mxfp4", signals=True)  # quantized: its keys stay untouched
     keys = make_keys(0, 0, 0)
     arrays = jax.jit(make_train(cfg))(keys)
     for name in ("attn_logit_max", "logit_z"):
