@@ -96,9 +96,9 @@ def lr_figure(per_lr, path, title, *, log_loss=True, dashed=()):
 
 def spike_tables(results, contrasts):
     """rates (per cell), contrasts (Fisher's exact test on "spiked" for each (a, b) of
-    `contrasts` whose cells were run, Bonferroni over them) and, while the spiking runs' series are in the folder,
-    predict (`instability.predictive` of `SIGNALS`: a committed folder, records only, has
-    none)."""
+    `contrasts` whose cells were run, Bonferroni over them) and, while the spiking runs'
+    series are in the folder, predict (`instability.predictive` of `SIGNALS`: a committed
+    folder, records only, has none)."""
     runs = results.runs
     present = set(runs["cell"])  # all of them, unless a subset was run
     pairs = [(a, b) for a, b in contrasts if {a, b} <= present]

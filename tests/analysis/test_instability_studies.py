@@ -32,6 +32,7 @@ STUDIES = {
     "instability_proxy_key": (PROXY, 1, {"rates": 3, "contrasts": 2}),
     "instability_forks_fresh_parents": (PROXY, 1, {"rates": 4, "contrasts": 3}),
     "instability_fp8_seeds": (PROXY, 1, {"rates": 4, "contrasts": 4}),
+    "instability_sr_seeds": (PROXY, 1, {"rates": 2, "contrasts": 1, "loss": 2}),
     "instability_damping": (PROXY, 1, {"rates": 5, "contrasts": 4}),
     # its cells with the outputs quantized (the reference cells are the proxy study's)
     "instability_outputs": (PROXY, 1, {"rates": 4, "contrasts": 2}),
@@ -44,12 +45,13 @@ STUDIES = {
     # its cells at lr 0.3 (every precision once), joined with 8 committed (precision, lr) cells
     "instability_recipes_lr": (PROXY, 1, {"rates": 15, "lr_loss": 15, "sensitivity": 9}),
 }
-# studies of more cells than a test compiles: the cells whose label ends so
+# studies of more cells than a test compiles: the cells whose label ends so (or in one of these)
 ONLY = {
     "instability_recipes_lr": " lr 0.3",
     "instability_lm": " lr 1.0",
     "instability_lm_signals": "mxfp4 z-loss lr 1.0",
     "instability_outputs": "out",
+    "instability_sr_seeds": ("mxfp4", "mxfp4-sr"),
 }
 
 

@@ -22,6 +22,7 @@ TABLES = {
     "instability_forks_fresh_parents": ("rates", "contrasts"),
     "instability_forks_fresh": ("forks", "averted"),
     "instability_fp8_seeds": ("rates", "contrasts"),
+    "instability_sr_seeds": ("rates", "contrasts", "loss"),
     "instability_streams": ("attribution", "rates"),
     "instability_proxy_lr": ("rates", "lr_loss", "sensitivity"),
     "instability_lm": ("rates", "contrasts", "contrasts_diverged", "lr_loss", "sensitivity"),
