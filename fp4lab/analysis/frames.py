@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from fp4lab.analysis.columns import require
-from fp4lab.schema import SEED_COLUMNS, parse_key
+from fp4lab.schema import RUNS_COLUMNS, SEED_COLUMNS, parse_key
 
 __all__ = [
     "SEEDS",
@@ -37,25 +37,10 @@ __all__ = [
 SEEDS = SEED_COLUMNS  # seed_init, seed_data, seed_quant
 METRICS = ("run_id", "step", "metric", "value")
 IDENTITY = ("run_id", "experiment", "cell", "status")
-SUMMARIES = (
-    "final_loss",
-    "final_train_loss",
-    "eval_loss",
-    "loss_floor",
-    "loss_gap",
-    "eval_hp",
-    "loss_gap_hp",
-    "measure",
-    "diverged",
-    "divergence_step",
-    "divergence_kind",
-    "learned",
-    "tokens_to_target",
-    "target_loss",
-    "tokens_per_step",
-    "wall_s",
-    "compile_s",
-)
+# every other column of a runs table (`schema.RUNS_COLUMNS`): the summaries a run gives, its
+# outcomes and by-products (initial_loss, the spike columns, no_seam, wall_s), never a design
+# factor that cells differ in; derived, so that a new summary column cannot be taken for one
+SUMMARIES = tuple(c for c in RUNS_COLUMNS if c not in (*IDENTITY, *SEEDS))
 
 
 def ok_runs(runs: pd.DataFrame) -> pd.DataFrame:

@@ -178,17 +178,12 @@ def run(args) -> int:
 def analyze(exp, results, out: Path) -> bool:
     """Runs the experiment file's analyze(results) and writes each table to out/<name>.csv.
     Returns True when it failed (the error is printed; the runs stay stored)."""
-    import pandas as pd
+    from fp4lab.sweep.experiment import ExperimentError, analyzed
 
     try:
-        tables = exp.analyze(results)
-        if not isinstance(tables, dict) or not all(
-            isinstance(k, str) and k.isidentifier() and isinstance(v, pd.DataFrame)
-            for k, v in tables.items()
-        ):
-            raise TypeError("must return {name: DataFrame}, names usable as file names")
-    except Exception as e:
-        print(f"\n{exp.path}: analyze(results) raised {type(e).__name__}: {e}", file=sys.stderr)
+        tables = analyzed(exp, results)
+    except ExperimentError as e:
+        print(f"\n{e}", file=sys.stderr)
         return True
     for name, table in tables.items():
         path = out / f"{name}.csv"

@@ -68,6 +68,7 @@ __all__ = [
     "Cell",
     "Experiment",
     "ExperimentError",
+    "analyzed",
     "check_cells",
     "load_experiment",
     "parse_overrides",
@@ -77,6 +78,33 @@ __all__ = [
 
 class ExperimentError(ValueError):
     """An experiment file that cannot run: where, which field, what is allowed."""
+
+
+def analyzed(exp: Experiment, results, which: str = "") -> dict:
+    """The experiment file's `analyze(results)`, checked: {name: DataFrame}, each name usable
+    as a file name. Raises ExperimentError (naming the file, `which` runs, and what it raised
+    or returned) where it raises or returns anything else."""
+    import pandas as pd
+
+    runs = f" of the {which} runs" if which else ""
+    try:
+        tables = exp.analyze(results)
+    except Exception as e:  # the user's function: one line, with what it raised
+        raise ExperimentError(
+            f"{exp.path}: analyze(results){runs} raised {type(e).__name__}: {e}"
+        ) from e
+    if not isinstance(tables, dict) or not all(
+        isinstance(k, str) and k.isidentifier() and isinstance(v, pd.DataFrame)
+        for k, v in tables.items()
+    ):
+        got = type(tables).__name__
+        if isinstance(tables, dict):
+            got = ", ".join(f"{k!r}: {type(v).__name__}" for k, v in tables.items())
+        raise ExperimentError(
+            f"{exp.path}: analyze(results){runs} returned {got}; it must return "
+            "{name: DataFrame}, names usable as file names"
+        )
+    return tables
 
 
 @dataclasses.dataclass(frozen=True)

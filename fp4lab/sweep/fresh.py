@@ -29,7 +29,13 @@ import pandas as pd
 
 from fp4lab.analysis.replication import compare_words
 from fp4lab.schema import STREAMS
-from fp4lab.sweep.experiment import Experiment, ExperimentError, load_experiment, seed_triples
+from fp4lab.sweep.experiment import (
+    Experiment,
+    ExperimentError,
+    analyzed,
+    load_experiment,
+    seed_triples,
+)
 from fp4lab.sweep.runner import run_experiment
 from fp4lab.sweep.store import Results, load
 
@@ -199,7 +205,7 @@ def replicate(
         pd.concat([committed.metrics, fresh.metrics], ignore_index=True),
         manifest,
     )
-    tables = {"fresh": exp.analyze(fresh), "pooled": exp.analyze(pooled)}
+    tables = {"fresh": analyzed(exp, fresh, "fresh"), "pooled": analyzed(exp, pooled, "pooled")}
     (out / "pooled").mkdir(exist_ok=True)
     for name in tables["fresh"]:
         tables["fresh"][name].to_csv(out / f"{name}.csv", index=False, float_format="%.5g")
@@ -210,7 +216,7 @@ def replicate(
     if all(p.is_file() for p in on_file.values()):
         before = {n: pd.read_csv(p) for n, p in on_file.items()}
     else:
-        before = exp.analyze(committed)
+        before = analyzed(exp, committed, "committed")
     words = compare_words(before, tables["fresh"], tables["pooled"])
     words.to_csv(out / "words.csv", index=False)
     return words

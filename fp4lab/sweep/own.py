@@ -19,14 +19,17 @@ What identifies the task in run ids (`task_hash`): the source of the functions a
 function and class of their modules they reach by name, the source of the user's modules they
 reach (a module, or a function or class of another module, read as a global: its file and
 those of the user's modules it imports, `fp4lab.train.user_code`), and the values they hold in
-a closure or reach as a global: arrays (in-memory data) by their bytes, numbers, strings, and
-containers of them at any depth (lists, tuples, dicts, sets, dataclasses, objects of the
-user's classes: `_value`); the same in every process (names in sorted order, a set by its
-elements' digests, never in set order). An iterator or an open file they read is refused by
-name (what it gives depends on when it is read): pass its content by `data`, a {name: bytes,
-array or Path} the hash covers too; an object of another library's class adds its type's
-name only. So an
-edited function or other data gives new runs, and a rerun of the same skips finished ones.
+a closure or reach as a global: arrays (in-memory data, JAX PRNG keys by their key data) by
+their bytes, numbers, strings, and containers of them at any depth (lists, tuples, dicts,
+sets, deques, dataclasses, objects of the user's classes: `_value`), their default arguments,
+a `functools.partial`'s function and arguments; another library's function or class (a dtype
+such as jnp.bfloat16, np.sin) by its qualified name; the same in every process (names in
+sorted order, a set by its elements' digests, never in set order). An iterator or an open file
+they read is refused by name (what it gives depends on when it is read): pass its content by
+`data`, a {name: bytes, array or Path} the hash covers too. An object of another library's
+class adds its type's name only, except values whose repr is their content (ranges,
+fractions, decimals, dates and times, NumPy dtypes). So an edited function or other data gives
+new runs, and a rerun of the same skips finished ones.
 
 The task is registered in this process: the local executor computes it (workers and Ray need
 an experiment file, which they load themselves).
@@ -34,6 +37,8 @@ an experiment file, which they load themselves).
 
 from __future__ import annotations
 
+import array
+import collections
 import dataclasses
 import enum
 import functools
@@ -73,12 +78,12 @@ def task_hash(fns: Mapping[str, Any], data: Mapping[str, Any] | None = None) -> 
 
 
 def _code(obj, digest, seen: set[int]) -> None:
+    if not isinstance(obj, types.FunctionType | type):
+        _value(obj, digest, seen)  # a callable object (a partial: its function and arguments)
+        return
     if id(obj) in seen:
         return
     seen.add(id(obj))
-    if not isinstance(obj, types.FunctionType | type):
-        _value(obj, digest, seen)  # a callable object: its type's name
-        return
     try:
         digest.update(inspect.getsource(obj).encode())
     except (OSError, TypeError):  # no source (made at run time): its code object
@@ -89,6 +94,10 @@ def _code(obj, digest, seen: set[int]) -> None:
         fn = getattr(fn, "__func__", fn)
         if not isinstance(fn, types.FunctionType):
             continue
+        # default arguments: values computed where the function was defined, not in its body
+        # (the function's own tuple and dict: `seen` holds ids, so never a temporary here)
+        for defaults in (fn.__defaults__, fn.__kwdefaults__):
+            _value(defaults, digest, seen)
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
             try:
                 contents = cell.cell_contents
@@ -132,8 +141,11 @@ def _reached(value, owner, digest, seen: set[int]) -> None:
         module = getattr(value, "__module__", None)
         if owner is None or module == owner.__module__:
             _code(value, digest, seen)
-        elif module in sys.modules:
+        elif module in sys.modules and user_code.module_file(sys.modules[module]) is not None:
             _module(sys.modules[module], digest, seen)
+        else:  # another library's function or class (jnp.float32, np.sin): its name
+            name = getattr(value, "__qualname__", getattr(value, "__name__", ""))
+            digest.update(f"{module}.{name}".encode())
     elif isinstance(value, types.ModuleType):
         _module(value, digest, seen)
     else:
@@ -170,14 +182,19 @@ def _value(value, digest, seen: set[int]) -> None:
     elif isinstance(value, str | int | float | complex | bool | type(None) | enum.Enum):
         digest.update(repr(value).encode())
     elif hasattr(value, "__array__") and not isinstance(value, type):
-        a = np.asarray(value)
+        a = _array(value)
         digest.update(f"{a.dtype}{a.shape}".encode() + np.ascontiguousarray(a).tobytes())
+    elif isinstance(value, bytearray | memoryview | array.array):
+        digest.update(type(value).__name__.encode() + bytes(value))
     elif isinstance(value, types.FunctionType | type):
         _code(value, digest, seen)
     elif isinstance(value, types.ModuleType):
         _module(value, digest, seen)
     elif isinstance(value, io.IOBase | Iterator):
         raise Unhashable(f"type {type(value).__qualname__}, read as it goes")
+    elif isinstance(value, collections.deque):
+        digest.update(b"deque")
+        _value(list(value), digest, seen)
     elif isinstance(value, Mapping | list | tuple):  # as they always were: no type tag
         if id(value) in seen:  # met before (or a cycle): its content is in already
             digest.update(b"\0seen")
@@ -198,6 +215,24 @@ def _value(value, digest, seen: set[int]) -> None:
             digest.update(b"\0")
             for v in parts:
                 _value(v, digest, seen)
+        elif not parts and type(value).__module__ in _VALUE_MODULES:
+            digest.update(repr(value).encode())  # a range, a Fraction, a timedelta, a dtype
+
+
+# the modules whose values' repr is their content (no address, the same in every process)
+_VALUE_MODULES = {"builtins", "fractions", "decimal", "datetime", "numpy", "numpy.dtypes"}
+
+
+def _array(value) -> np.ndarray:
+    """An array-like's content as a NumPy array; a JAX PRNG key by its key data."""
+    import jax
+
+    if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(value))
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise Unhashable(f"type {type(value).__qualname__}, not readable as an array ({e})") from e
 
 
 def _parts(value) -> list:

@@ -47,13 +47,14 @@ import dataclasses
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from fp4lab.schema import RECORDED_BEFORE, SEED_COLUMNS, STREAMS
+from fp4lab.schema import RECORDED_BEFORE, SEED_COLUMNS, SIGNALS, STREAMS, did_you_mean
 from fp4lab.sweep import compact, frames
 from fp4lab.sweep import metrics as metrics_file
 from fp4lab.sweep.cells import checked
@@ -447,6 +448,10 @@ def label_runs(frame: pd.DataFrame, current: dict[str, str], stale: bool = False
     return chosen.assign(label=tagged.where(tag | stale, chosen["cell"]))
 
 
+# the per-step series a run records (besides telemetry keys), for load's did-you-mean
+RECORDED_SERIES = ("loss", "grad_norm", "loss_scale", "loss_hp", *SIGNALS)
+
+
 def load(
     path: str | os.PathLike,
     *,
@@ -495,5 +500,10 @@ def load(
         runs = runs.assign(_o=key).sort_values(["_o", "cell", *SEED_COLUMNS], kind="stable")
         runs = runs.drop(columns="_o").reset_index(drop=True)
     table = frames.metrics_frame(store, chosen, configs, summaries, names)
+    if isinstance(names, list) and len(chosen):  # a name no run has: said, not an empty table
+        found = set(table["metric"].unique())
+        for missing in (n for n in names if n not in found):
+            hint = did_you_mean(missing, sorted(found | set(RECORDED_SERIES)))
+            warnings.warn(f"load({p}): no run here has the metric {missing!r}{hint}", stacklevel=2)
     provenance_frame = frames.provenance_frame(chosen, store.index().provenances())
     return Results(p, runs, table, manifest, provenance_frame, stale, n_stale, fields)

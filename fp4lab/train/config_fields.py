@@ -88,6 +88,11 @@ def gemms_field(name: str, value) -> tuple:
     for key, src in given.items():
         choice(f"{name} key", key, (*schema.GEMMS, *schema.OPERAND_NAMES, "norms", "outputs"))
         where = f"{name}[{key!r}]"
+        if key in ("norms", "outputs") and isinstance(src, str):  # a spec, not a recipe
+            raise ConfigError(
+                f"Config.{where}={src!r}: {key} takes a QuantSpec (e.g. fl.mxfp4(), or its dict "
+                "form) or None, not a recipe name"
+            )
         if isinstance(src, dict):
             try:
                 src = QuantSpec.from_dict(src)

@@ -54,6 +54,7 @@ __all__ = [
     "register",
     "takes_config",
     "floor_of",
+    "tokens_per_step",
 ]
 
 CONTRACT = ("model", "loss", "batch")
@@ -93,7 +94,36 @@ def check(ns: Any, where: str) -> None:
             continue
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise OwnTaskError(f"{where}: {name}={value!r}; need a number")
+        if name == "TOKENS_PER_STEP" and value is not None:
+            _whole(value, f"{where}: TOKENS_PER_STEP")
     data_files(ns, where)
+
+
+def _whole(value, what: str) -> int:
+    """`value` as a positive whole number of tokens, or OwnTaskError naming `what`."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not (value >= 1 and float(value).is_integer()):
+        raise OwnTaskError(
+            f"{what}={value!r}; need a positive whole number (the tokens or examples one step "
+            "consumes)"
+        )
+    return int(value)
+
+
+def tokens_per_step(ns: Any, config) -> int:
+    """The task's tokens (or examples) per step: TOKENS_PER_STEP, a number or a function of the
+    config, else the config's batch size; OwnTaskError where it is not a positive whole
+    number."""
+    value = getattr(ns, "TOKENS_PER_STEP", None)
+    if value is None:
+        return config.batch_size
+    if not callable(value):
+        return _whole(value, "TOKENS_PER_STEP")
+    try:
+        got = value(config)
+    except Exception as e:  # the user's function: said with its name
+        raise OwnTaskError(f"TOKENS_PER_STEP(config) raised {type(e).__name__}: {e}") from e
+    return _whole(got, "TOKENS_PER_STEP(config)")
 
 
 def data_files(ns: Any, where: str) -> tuple[str, ...]:

@@ -175,11 +175,10 @@ def _own_task(cfg: Config) -> Task:
         return (lambda key, t: fn(cfg, key, t)) if own.takes_config(fn) else fn
 
     eval_fn = getattr(ns, "eval_batch", None)
-    tokens = getattr(ns, "TOKENS_PER_STEP", None)
     return Task(
         name="own",
         floor=own.floor_of(ns),
-        tokens_per_step=int(tokens(cfg) if callable(tokens) else tokens or cfg.batch_size),
+        tokens_per_step=own.tokens_per_step(ns, cfg),
         model=lambda rngs: ns.model(cfg, rngs),
         batch=with_config(ns.batch),
         loss=_scalar(ns.loss),

@@ -124,6 +124,8 @@ def test_config_gemms_outputs_trains_and_is_its_own_run():
     cfg = base.replace(gemms={"outputs": fl.mxfp4()})
     with pytest.raises(ConfigError, match="outputs"):
         base.replace(gemms={"outputz": fl.mxfp4()})
+    with pytest.raises(ConfigError, match="outputs takes a QuantSpec .* not a recipe name"):
+        base.replace(gemms={"outputs": "nvfp5"})
     assert Config.from_dict(cfg.to_dict()) == cfg
     a, b = (jax.jit(make_train(c))(make_keys(0, 0, 0)) for c in (base, cfg))
     assert np.isfinite(b["loss"]).all() and not np.array_equal(a["loss"], b["loss"])

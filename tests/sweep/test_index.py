@@ -207,3 +207,11 @@ def test_a_corrupt_records_part_still_gives_the_runs_tables_columns(tmp_path):
     with pytest.warns(sweep.CorruptRecord, match="records-0001.parquet cannot be read"):
         runs = store.load(out).runs
     assert runs.empty and {"run_id", "cell", "status", "final_loss", "learned"} <= set(runs)
+
+
+def test_a_metric_no_run_has_is_warned_with_the_nearest_name(tmp_path):
+    out = _compacted(tmp_path, "n")
+    said = r"no run here has the metric 'losss'; did you mean 'loss'"
+    with pytest.warns(UserWarning, match=said):
+        res = store.load(out, metrics=["losss", "loss"])
+    assert set(res.metrics["metric"]) == {"loss"}

@@ -3,6 +3,10 @@ sets, dicts, dataclasses, objects of the user's classes, nested containers and t
 them; the same in every process (a set never in set order); an iterator or an open file they
 read is refused by name."""
 
+import collections
+import datetime
+import fractions
+import functools
 import importlib
 import os
 import subprocess
@@ -144,3 +148,81 @@ def test_an_iterator_or_an_open_file_read_by_the_functions_is_refused_by_name(tm
 
 def reads_global(key, step):
     return next(STREAM)  # noqa: F821
+
+
+MORE = """
+import collections
+import datetime
+import fractions
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DTYPE = jnp.float32
+ACT = np.sin
+SPAN = range(3)
+STEP = fractions.Fraction(1, 3)
+WAIT = datetime.timedelta(seconds=1)
+QUEUE = collections.deque([1.0, 2.0])
+RAW = bytearray(b"ab")
+KEY = jax.random.key(0)
+SCALE = 1.0
+
+
+def loss_with(model, batch, scale):
+    return scale
+
+
+def model(config, rngs, scale=SCALE):
+    return ACT(np.ones(2, DTYPE)) * scale
+
+
+def batch(key, step):
+    return (len(SPAN), STEP, WAIT, QUEUE[0], RAW, KEY)
+
+
+loss = functools.partial(loss_with, scale=1.0)
+"""
+
+
+def test_partials_defaults_library_names_and_value_types_are_in_the_run_id(tmp_path, monkeypatch):
+    """Each edit a new id (these reused the old run before): the loss a partial whose argument
+    changes, a default argument's value, a dtype or a library function read as a global, and
+    values of the standard library's types and a JAX PRNG key."""
+    import jax
+    import jax.numpy as jnp
+
+    (tmp_path / "more_task.py").write_text(textwrap.dedent(MORE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "more_task", raising=False)
+    m = importlib.import_module("more_task")
+
+    def digest():
+        return task_hash({"model": m.model, "loss": m.loss, "batch": m.batch})
+
+    before = digest()
+    assert digest() == before  # the same functions, the same id
+    edits = [
+        ("loss", functools.partial(m.loss_with, scale=3.0)),
+        ("DTYPE", jnp.bfloat16),
+        ("ACT", np.cos),
+        ("SPAN", range(4)),
+        ("STEP", fractions.Fraction(1, 4)),
+        ("WAIT", datetime.timedelta(seconds=2)),
+        ("QUEUE", collections.deque([1.0, 3.0])),
+        ("RAW", bytearray(b"ac")),
+        ("KEY", jax.random.key(1)),
+    ]
+    for name, value in edits:
+        old = getattr(m, name)
+        setattr(m, name, value)
+        assert digest() != before, name
+        setattr(m, name, old)
+        assert digest() == before, name
+    old = m.model.__defaults__
+    m.model.__defaults__ = (3.0,)  # def model(config, rngs, scale=3.0)
+    assert digest() != before
+    m.model.__defaults__ = old
+    assert digest() == before

@@ -275,6 +275,23 @@ def test_replicate_says_what_is_wrong_in_one_line(tmp_path, capsys):
         fl.replicate(folder, 4, compute=planted, progress=False)
 
 
+def test_an_analyze_that_raises_or_returns_no_tables_is_one_line(tmp_path, capsys):
+    folder = committed(tmp_path)
+    path = tmp_path / "exp" / "study.py"
+    source = path.read_text()
+    for body, said in (
+        ("raise ValueError('my analyze broke')",
+         "analyze(results) of the fresh runs raised ValueError: my analyze broke"),
+        ("return {'x': 5}", "analyze(results) of the fresh runs returned 'x': int; it must "
+         "return {name: DataFrame}, names usable as file names"),
+    ):  # fmt: skip
+        path.write_text(source + f"\n\ndef analyze(results):\n    {body}\n")
+        with pytest.raises(experiment.ExperimentError) as e:
+            fl.replicate(folder, 4, compute=planted, progress=False)
+        assert str(e.value) == f"{path}: {said}"
+    assert len(fl.load(folder.with_name("study_fresh4"), metrics=False).runs) == 8  # stored
+
+
 @pytest.mark.parametrize("command", ["replicate", "diagnose"])
 def test_sigterm_stops_replicate_and_diagnose_with_one_line(tmp_path, monkeypatch, capsys, command):
     import signal

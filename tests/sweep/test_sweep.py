@@ -172,7 +172,8 @@ def test_experiment_analyze_tables_are_written_and_printed(tmp_path, capsys):
     # a failing analyze is an error exit, and the runs stay stored
     path.write_text(path.read_text() + "\ndef analyze(results):\n    return 3\n")
     assert cli.main(["run", str(path), "--out", str(out), "--quiet"]) == 1
-    assert "analyze(results) raised TypeError" in capsys.readouterr().err
+    said = "analyze(results) returned int; it must return {name: DataFrame}"
+    assert said in capsys.readouterr().err
     assert (out / "figures" / "loss_curves.png").is_file()  # the figures are still written
     assert len(store.load(out).runs) == 4
 

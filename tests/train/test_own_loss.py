@@ -3,10 +3,12 @@ starts: jax's own error ("Gradient only defined for scalar-output functions") na
 
 import jax
 import jax.numpy as jnp
+import pytest
 from flax import nnx
 
 import fp4lab as fl
 from fp4lab.sweep import compute
+from fp4lab.train.own import OwnTaskError
 
 
 def model(config, rngs):
@@ -34,3 +36,21 @@ def test_a_vector_loss_is_named_with_its_fix():
 
     ok = cfg.replace(task_file=fl.own.task(model, mean, batch))
     assert compute.check_cell(ok) is None
+
+
+def test_tokens_per_step_that_is_not_a_positive_whole_number_is_named():
+    def mean(model, batch):
+        return per_example(model, batch).mean()
+
+    cfg = fl.Config(task="own", task_file=fl.own.task(model, mean, batch), batch_size=4, steps=2,
+                    warmup=0, eval_batches=1, target_loss=1.0)  # fmt: skip
+    for tokens in (-5, 2.5, 0):  # refused when the task is registered
+        with pytest.raises(OwnTaskError, match=f"TOKENS_PER_STEP={tokens}; need a positive whole"):
+            fl.own.task(model, mean, batch, tokens_per_step=tokens)
+    name = fl.own.task(model, mean, batch, tokens_per_step=lambda c: "x")  # a function: per run
+    assert compute.check_cell(cfg.replace(task_file=name)) == (
+        "OwnTaskError: TOKENS_PER_STEP(config)='x'; need a positive whole number (the tokens or "
+        "examples one step consumes)"
+    )
+    name = fl.own.task(model, mean, batch, tokens_per_step=lambda c: c.batch_size * 8)
+    assert compute.check_cell(cfg.replace(task_file=name)) is None
