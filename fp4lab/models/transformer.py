@@ -222,9 +222,9 @@ class Transformer(nnx.Module):
 
 def logit_stats(model: Transformer, tokens_BxT: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(logits, the largest attention logit of every block, (n_layers,)) of `model` on tokens:
-    Wortsman et al. 2023's attention-logit growth, read beside the forward (each block's
-    logits computed a second time, from the block's input; the logits returned are the
-    model's own call's)."""
+    Wortsman et al. 2023's attention-logit growth, read beside the forward. The forward is
+    `Transformer.__call__`'s, block by block, with each block's attention logits computed a
+    second time from the block's input (`Block.logit_max`)."""
     x_BxTxD = model.embed(tokens_BxT)
     if model.config.scan_layers:
         x_BxTxD, maxima_L = _scan_blocks_with_max(x_BxTxD, model.blocks)

@@ -147,12 +147,12 @@ def apply(gemm, lhs, rhs, aux, probe=None):
     if spec is None:
         return out
     y = out[0] if gemm.telemetry else out
-    width, block = y.shape[-1], spec.tile[-1] if spec.tile is not None else 1
+    width, block = y.shape[spec.axis], spec.tile[-1] if spec.tile is not None else 1
     if width % block and not spec.pad:
         raise ValueError(
-            f"the GEMM's output {tuple(y.shape)}: its last axis is not a multiple of the outputs "
-            f"spec's block {block} ({spec.summary()}); zero-pad with an outputs spec whose pad "
-            "is True, or keep this layer's outputs unquantized"
+            f"the GEMM's output {tuple(y.shape)}: its axis {spec.axis} is not a multiple of the "
+            f"outputs spec's block {block} ({spec.summary()}); zero-pad with an outputs spec "
+            "whose pad is True, or keep this layer's outputs unquantized"
         )
     y = fake_quant(y, spec)
     return (y, out[1]) if gemm.telemetry else y
