@@ -84,7 +84,9 @@ def test_an_output_the_block_does_not_divide_is_refused_with_its_layer_or_padded
     model = TwoLayers(nnx.Rngs(0))
     model.down = nnx.Linear(64, 48, rngs=nnx.Rngs(1))
     fl.quantize_model(model, [fl.Rule(".*", recipe)])
-    with pytest.raises(ValueError, match=r"layer 'down'.*axis -1 is not a multiple of the outputs spec's block 32"):
+    with pytest.raises(
+        ValueError, match=r"layer 'down'.*axis -1 is not a multiple of the outputs spec's block 32"
+    ):
         model(x)
     padded = TwoLayers(nnx.Rngs(0))
     padded.down = nnx.Linear(64, 48, rngs=nnx.Rngs(1))
