@@ -49,6 +49,7 @@ as any config change, give other run ids.
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import importlib.util
 import itertools
@@ -199,8 +200,16 @@ def seed_triples(seeds) -> tuple[tuple[int, int, int], ...]:
 
 
 def _in_range(triples: tuple) -> tuple:
-    """`triples`, if every seed is in [0, SEED_LIMIT): a stream's key keeps a seed's low 32
-    bits, so a seed outside would repeat the stream of one inside under another run id."""
+    """`triples`, if every seed is in [0, SEED_LIMIT) (a stream's key keeps a seed's low 32
+    bits, so a seed outside would repeat the stream of one inside under another run id) and no
+    triple comes twice (it would be one run, counted as two)."""
+    twice = sorted((t, n) for t, n in collections.Counter(triples).items() if n > 1)
+    if twice:
+        (triple, n), *_ = twice
+        raise ExperimentError(
+            f"seeds: the triple {triple} comes {n} times; a triple is one run (the same seeds "
+            "give the same bits), give each once"
+        )
     for v in (v for t in triples for v in t):
         if not 0 <= v < SEED_LIMIT:
             raise ExperimentError(

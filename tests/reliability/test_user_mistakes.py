@@ -128,3 +128,10 @@ def test_experiment_file_without_py_is_one_line(tmp_path, capsys):
         sweep.load_experiment(path)
     assert cli.main(["run", str(path), "--out", str(tmp_path / "o"), "--dry-run"]) == 2
     assert "name it *.py" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("seeds", ["[(0, 0, 0), (1, 1, 1), (0, 0, 0)]", "{'init': [0, 0]}"])
+def test_a_seed_triple_given_twice_is_refused_not_run_once_as_two(tmp_path, seeds):
+    path = experiment(tmp_path, f"add(seeds={seeds})")
+    with pytest.raises(sweep.ExperimentError, match=r"the triple \(0, 0, 0\) comes 2 times"):
+        sweep.load_experiment(path)
