@@ -16,6 +16,10 @@ dies (Linux `PR_SET_PDEATHSIG`) and also watches its parent id, so a `kill -9` o
 a scheduler's timeout sends, leaves no orphan computing on. On Ctrl-C, SIGTERM (which `fp4lab
 run` turns into KeyboardInterrupt) or any error in the driver (a full disk), the workers are
 terminated before the exception goes on, and no thread of the pool prints a traceback after it.
+multiprocessing's resource tracker, which unlinks the pool's semaphores if the driver ends
+without doing so (`fp4lab` ends an interrupted command with `os._exit`), is started with its
+stderr at /dev/null: its "leaked semaphore" warnings after a Ctrl-C named nothing a user could
+act on, and the semaphores are unlinked all the same.
 A worker that dies on its own loses the batches in flight; they are retried in new workers
 (`run_processes`), as the Ray executor retries a task whose worker died.
 """
@@ -154,6 +158,22 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
+def _quiet_resource_tracker() -> None:
+    """Starts multiprocessing's resource tracker (once per process) with stderr at /dev/null
+    (module docstring); a tracker already running is left as it is."""
+    from multiprocessing import resource_tracker
+
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        resource_tracker.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _stop(processes) -> None:
     """Terminates the given worker processes and waits for them (SIGKILL after 5 s)."""
     for p in processes:
@@ -186,6 +206,7 @@ def run_processes(
     as failed with a message saying so, and the sweep goes on. Each break is one line on stderr.
     """
     ctx = mp.get_context("spawn")  # a fresh jax per worker (fork after jax init is unsafe)
+    _quiet_resource_tracker()
     before = set(mp.active_children())
     report = progress is not None and takes_progress(compute)
     left = collections.deque(range(len(todo)))  # indices of the batches still to compute
