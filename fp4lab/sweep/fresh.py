@@ -171,7 +171,13 @@ def replicate(
     if not (folder / "experiment.json").is_file():
         raise ExperimentError(f"{folder}: not a results folder (no experiment.json)")
     committed = load(folder)
-    manifest = committed.experiment or {}
+    if committed.experiment is None:  # there, but unreadable (load warned what is wrong)
+        raise ExperimentError(
+            f"{folder}: its experiment.json cannot be read, so neither the study's cells nor its "
+            "experiment file are known; restore it (or run the experiment file into the folder "
+            "again: finished runs are kept)"
+        )
+    manifest = committed.experiment
     path = experiment_file(folder, manifest) if experiment is None else Path(experiment)
     if not path.is_file():
         raise ExperimentError(

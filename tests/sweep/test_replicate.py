@@ -275,6 +275,17 @@ def test_replicate_says_what_is_wrong_in_one_line(tmp_path, capsys):
         fl.replicate(folder, 4, compute=planted, progress=False)
 
 
+def test_a_manifest_that_cannot_be_read_is_said_as_such(tmp_path):
+    folder = committed(tmp_path)
+    manifest = folder / "experiment.json"
+    manifest.write_text(manifest.read_text()[:40])  # truncated
+    with (
+        pytest.warns(UserWarning, match="bad experiment manifest"),
+        pytest.raises(experiment.ExperimentError, match="its experiment.json cannot be read"),
+    ):
+        fl.replicate(folder, 4, compute=planted, progress=False)
+
+
 def test_an_analyze_that_raises_or_returns_no_tables_is_one_line(tmp_path, capsys):
     folder = committed(tmp_path)
     path = tmp_path / "exp" / "study.py"
