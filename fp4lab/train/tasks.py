@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -193,6 +194,11 @@ def _scalar(loss: Callable) -> Callable:
 
     def checked(model, batch):
         value = loss(model, batch)
+        if not isinstance(value, jax.Array | np.ndarray | np.generic | float | int):
+            raise own.OwnTaskError(
+                f"loss(model, batch) returned a {type(value).__name__}; it must return one "
+                "scalar array (the batch's mean loss; metrics beside it are not taken)"
+            )
         shape = jnp.shape(value)
         if shape != ():
             raise own.OwnTaskError(

@@ -54,3 +54,15 @@ def test_tokens_per_step_that_is_not_a_positive_whole_number_is_named():
     )
     name = fl.own.task(model, mean, batch, tokens_per_step=lambda c: c.batch_size * 8)
     assert compute.check_cell(cfg.replace(task_file=name)) is None
+
+
+def test_a_loss_that_returns_a_tuple_is_named():
+    def with_aux(model, batch):
+        return per_example(model, batch).mean(), 0.0
+
+    cfg = fl.Config(task="own", task_file=fl.own.task(model, with_aux, batch), batch_size=4,
+                    steps=2, warmup=0, eval_batches=1)  # fmt: skip
+    assert compute.check_cell(cfg) == (
+        "OwnTaskError: loss(model, batch) returned a tuple; it must return one scalar array "
+        "(the batch's mean loss; metrics beside it are not taken)"
+    )
