@@ -340,6 +340,13 @@ def train(
 
 
 def _experiment(model, loss, batch, cells, config, seeds, name, task_options) -> Experiment:
+    if not isinstance(cells, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, Mapping) for k, v in cells.items()
+    ):
+        raise ExperimentError(
+            f"cells={cells!r}; give {{label: config overrides}}, e.g. "
+            '{"nvfp4": {"recipe": "nvfp4"}}'
+        )
     task_file = task(model, loss, batch, **task_options)
     try:
         base = make(dict(config)) if isinstance(config, Mapping) else (config or Config())

@@ -66,3 +66,12 @@ def test_a_loss_that_returns_a_tuple_is_named():
         "OwnTaskError: loss(model, batch) returned a tuple; it must return one scalar array "
         "(the batch's mean loss; metrics beside it are not taken)"
     )
+
+
+def test_cells_that_are_not_a_dict_of_overrides_are_named(tmp_path):
+    def mean(model, batch):
+        return per_example(model, batch).mean()
+
+    for cells in (["fp32"], {"a": "fp32"}, {1: {}}):
+        with pytest.raises(ValueError, match=r"^cells=.*; give \{label: config overrides\}"):
+            fl.own.sweep(model, mean, batch, cells, seeds=1, out=tmp_path / "x")
