@@ -120,6 +120,9 @@ def show(args) -> int:
     results = store.load(results_folder(args.results), stale=args.stale)
     name = (results.experiment or {}).get("name", Path(args.results).name)
     if args.stale:
+        if not results.n_stale:
+            print(f"{name}: no stale runs (every run is one its experiment file asks for)")
+            return 0
         print(f"{name}: stale runs, per config ([stale <config id>]), never pooled with current")
     warn_mixed_code(results, args.results)
     print_summary(results, name)

@@ -109,6 +109,12 @@ def test_cli_ls_counts_stale_and_show_stale_shows_them(tmp_path, capsys):
     assert " x " in table and "stale" not in table.split("(2 stale")[0]
     assert cli.main(["show", str(out), "--stale"]) == 0
     assert "x [stale " in capsys.readouterr().out
+    fresh = tmp_path / "fresh"
+    assert cli.main(["run", str(path), "--out", str(fresh), "--quiet", "--no-figures"]) == 0
+    capsys.readouterr()
+    assert cli.main(["show", str(fresh), "--stale"]) == 0
+    assert capsys.readouterr().out.endswith(": no stale runs (every run is one its experiment "
+                                            "file asks for)\n")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
