@@ -24,19 +24,30 @@ __all__ = ["confounded", "missing_combinations", "not_learned"]
 
 
 def not_learned(rows: pd.DataFrame) -> str:
-    """ "2 of 3 runs: the training loss did not fall by more than its batch-to-batch noise", or
-    "" when every ok run learned or was too short to tell (or the runs table has no `learned`
-    column)."""
+    """ "2 of 3 runs: the training loss did not fall by more than its batch-to-batch noise" (and
+    "1 of 3 runs diverged (...)" for those among them that diverged), or "" when every ok run
+    learned or was too short to tell (or the runs table has no `learned` column)."""
     if "learned" not in rows.columns:
         return ""
     ok = rows[rows["status"] == "ok"]
     flags = ok["learned"].map(lambda v: v is not None and v == 0)  # NaN: not recorded
     if not flags.any():
         return ""
-    return (
-        f"{int(flags.sum())} of {len(ok)} runs: the training loss did not fall by more than its "
-        "batch-to-batch noise"
-    )
+    diverged = flags & False
+    if "diverged" in ok.columns:  # those that diverged are said so: the likelier reason
+        diverged = flags & ok["diverged"].map(lambda v: v is not None and v == 1)
+    parts = []
+    if diverged.any():
+        parts.append(
+            f"{int(diverged.sum())} of {len(ok)} runs diverged (a non-finite loss, or one far "
+            "above its first or running median)"
+        )
+    if (flags & ~diverged).any():
+        parts.append(
+            f"{int((flags & ~diverged).sum())} of {len(ok)} runs: the training loss did not "
+            "fall by more than its batch-to-batch noise"
+        )
+    return "; ".join(parts)
 
 
 def confounded(factor: str) -> str:

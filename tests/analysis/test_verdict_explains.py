@@ -86,3 +86,16 @@ def test_two_one_seed_cells_on_the_same_seed_are_told_one_shared_seed():
     apart = _same_seeds("b", 1, 1).assign(seed_init=5, seed_data=5, seed_quant=5)
     row = analysis.verdict(pd.concat([a, apart]), baseline="a", draws=DRAWS).iloc[0]
     assert (row["verdict"], row["evidence"]) == ("no shared seeds", "nothing to pair on")
+
+
+def test_runs_that_did_not_learn_because_they_diverged_are_said_to_have_diverged():
+    from fp4lab.analysis import explain
+
+    rows = pd.DataFrame({"status": ["ok"] * 4, "learned": [False, False, True, False],
+                         "diverged": [True, False, False, True]})  # fmt: skip
+    assert explain.not_learned(rows) == (
+        "2 of 4 runs diverged (a non-finite loss, or one far above its first or running "
+        "median); 1 of 4 runs: the training loss did not fall by more than its batch-to-batch "
+        "noise"
+    )
+    assert explain.not_learned(rows.drop(columns="diverged")).startswith("3 of 4 runs: the")
