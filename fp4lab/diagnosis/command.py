@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import fp4lab.diagnosis as package
@@ -133,6 +134,11 @@ def _check_before_stage_1(args, out: Path) -> None:
     there = next((p for p in (out, *out.parents) if p.exists()), Path("."))
     if not os.access(there, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out}: {there} cannot be written; give a folder you can write")
+    try:  # the folder made, and a file written in it, as the outputs will be (/proc passes
+        out.mkdir(parents=True, exist_ok=True)  # the access test and takes no folder)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as e:
+        raise ValueError(f"--out {out} cannot be written ({e}); give a folder you can write") from e
 
 
 def main(args) -> int:

@@ -1,6 +1,8 @@
 """`fp4lab diagnose` honours every rule of the file that keeps a layer out of FP4 (None, bf16,
 fp8...), says which it kept, and refuses what would fail after stage 1 before stage 1 runs."""
 
+from pathlib import Path
+
 import pytest
 
 import fp4lab as fl
@@ -74,6 +76,11 @@ def no_stage_1(monkeypatch):
         (["--verify", "--verify-seeds", "1"], "--verify-seeds 1: verify needs at least 4 seeds"),
         (["--out", "FILE"], "--out FILE is a file; give a folder for the outputs"),
         (["--out", "DIR/sub"], "--out DIR/sub: DIR cannot be written; give a folder you can"),
+        pytest.param(  # the access test passes; making the folder does not
+            ["--out", "/proc/fp4lab"],
+            "--out /proc/fp4lab cannot be written (",
+            marks=pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc"),
+        ),
     ],
 )
 def test_arguments_that_fail_after_stage_1_are_refused_before_it(
