@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -94,8 +95,22 @@ class Probe:
 
     def _model(self, keys, qkey):
         model = init_model(self.task, keys)
-        quantize_model(model, self.rules, key=qkey)
-        return gate.gate_model(model)
+        excluded = [r.path for r in self.rules if r.recipe is None]
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            quantize_model(model, self.rules, key=qkey)
+        for w in said:  # said again, but the recipe's rule finding nothing the excluded left
+            if not (excluded and "rule '.*' matched no module" in str(w.message)):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        try:
+            return gate.gate_model(model)
+        except ValueError as e:
+            if not excluded:
+                raise
+            raise ValueError(
+                f"diagnose: every quantized layer is excluded ({', '.join(map(repr, excluded))}:"
+                " --exclude and the file's high-precision rules): nothing is left to diagnose"
+            ) from e
 
     def rest_for(self, keys, quant_key) -> nnx.State:
         """The model's non-Param state (gates, taps, quantization keys) under a quant key."""

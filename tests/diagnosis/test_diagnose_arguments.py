@@ -99,3 +99,13 @@ def test_arguments_that_fail_after_stage_1_are_refused_before_it(
     assert cli.main(["diagnose", str(path), *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"fp4lab diagnose: error: {said}"), err
+
+
+def test_an_exclusion_of_every_layer_is_said_as_such(tmp_path, recwarn):
+    path = tmp_path / "mine.py"
+    path.write_text(FILE)
+    said = r"every quantized layer is excluded \('a', '\.\*', 'head': --exclude .*left to diagnose"
+    with pytest.raises(ValueError, match=said):
+        fl.diagnose(experiment=path, exclude=("a", ".*"), checkpoints=(0,), progress=False)
+    # not the recipe's own rule that found nothing left ('head', shadowed by '.*', is said)
+    assert not [w for w in recwarn if "rule '.*' matched no module" in str(w.message)]
