@@ -152,6 +152,12 @@ def check_signature(fn, name: str, where: str) -> None:
     `batch(key, step)` with the third at its default, or `batch(config, key, step)`."""
     params = _positional(fn)
     required = [p for p in params if p.default is p.empty]
+    if len(params) < 2 and not _variadic(fn):
+        shown = ", ".join(str(p) for p in params)
+        raise OwnTaskError(
+            f"{where}: {name}({shown}) takes {len(params)} positional parameter(s); fp4lab calls "
+            f"{name}(key, step) or {name}(config, key, step)"
+        )
     if len(params) >= 3 and len(required) < 3:
         shown = ", ".join(str(p) for p in params)
         raise OwnTaskError(
@@ -161,6 +167,15 @@ def check_signature(fn, name: str, where: str) -> None:
             f"second way. Make it one: {name}(key, step) (give {params[2].name} no parameter "
             f"slot, e.g. a keyword-only `*, {params[2]}`) or {name}(config, key, step)"
         )
+
+
+def _variadic(fn) -> bool:
+    """Whether `fn` takes *args (any number of positional arguments)."""
+    try:
+        kinds = [p.kind for p in inspect.signature(fn).parameters.values()]
+    except (TypeError, ValueError):  # no signature to read: nothing to say
+        return True
+    return inspect.Parameter.VAR_POSITIONAL in kinds
 
 
 def floor_of(ns: Any) -> float:

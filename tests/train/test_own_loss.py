@@ -75,3 +75,12 @@ def test_cells_that_are_not_a_dict_of_overrides_are_named(tmp_path):
     for cells in (["fp32"], {"a": "fp32"}, {1: {}}):
         with pytest.raises(ValueError, match=r"^cells=.*; give \{label: config overrides\}"):
             fl.own.sweep(model, mean, batch, cells, seeds=1, out=tmp_path / "x")
+
+
+def test_a_batch_of_one_parameter_is_named_when_the_task_is_registered():
+    def mean(model, batch):
+        return per_example(model, batch).mean()
+
+    with pytest.raises(OwnTaskError, match=r"batch\(key\) takes 1 positional parameter\(s\); "):
+        fl.own.task(model, mean, lambda key: jax.random.normal(key, (4, 8)))
+    fl.own.task(model, mean, lambda *args: jax.random.normal(args[0], (4, 8)))  # any number
