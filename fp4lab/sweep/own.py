@@ -216,7 +216,9 @@ def _value(value, digest, seen: set[int]) -> None:
             for v in parts:
                 _value(v, digest, seen)
         elif not parts and type(value).__module__ in _VALUE_MODULES:
-            digest.update(repr(value).encode())  # a range, a Fraction, a timedelta, a dtype
+            text = repr(value)  # a range, a Fraction, a timedelta, a dtype
+            if " at 0x" not in text:  # not an address (an object() sentinel): other per run
+                digest.update(text.encode())
 
 
 # the modules whose values' repr is their content (no address, the same in every process)

@@ -221,6 +221,11 @@ def test_partials_defaults_library_names_and_value_types_are_in_the_run_id(tmp_p
         assert digest() != before, name
         setattr(m, name, old)
         assert digest() == before, name
+    m.SPAN = object()  # a sentinel: its repr holds an address, so only its type counts
+    first = digest()
+    m.SPAN = object()
+    assert digest() == first
+    m.SPAN = range(3)
     old = m.model.__defaults__
     m.model.__defaults__ = (3.0,)  # def model(config, rngs, scale=3.0)
     assert digest() != before
