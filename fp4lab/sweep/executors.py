@@ -164,7 +164,10 @@ def _quiet_resource_tracker() -> None:
     from multiprocessing import resource_tracker
 
     sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no stderr to redirect (closed): the tracker starts as it would
+        return
     try:
         os.dup2(devnull, 2)
         resource_tracker.ensure_running()
