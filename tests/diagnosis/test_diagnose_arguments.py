@@ -109,3 +109,23 @@ def test_an_exclusion_of_every_layer_is_said_as_such(tmp_path, recwarn):
         fl.diagnose(experiment=path, exclude=("a", ".*"), checkpoints=(0,), progress=False)
     # not the recipe's own rule that found nothing left ('head', shadowed by '.*', is said)
     assert not [w for w in recwarn if "rule '.*' matched no module" in str(w.message)]
+
+
+def test_a_model_that_is_one_layer_is_named_the_model():
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    def model(config, rngs):
+        return nnx.Linear(32, 32, rngs=rngs)
+
+    def loss(model, batch):
+        return jnp.mean((model(batch) - jnp.sin(batch)) ** 2)
+
+    def batch(key, step):
+        return jax.random.normal(key, (16, 32))
+
+    d = fl.diagnose(model, loss, batch, config={"lr": 1e-2}, checkpoints=(0,), batches=1,
+                    quant_seeds=1, progress=False)  # fmt: skip
+    assert set(d.table["layer"]) == {""}  # its path, which rules.py matches
+    assert "the model " in d.summary and " Fprop" in d.summary
