@@ -31,7 +31,7 @@ _RANKED = ("alone_update_loss", "alone_grad_rel", "removed_update_loss", "remove
 
 
 def _name(layer: str, gemm: str) -> str:
-    """"blocks.0.mlp.up Wgrad"; a model that is itself the layer (its path "") is "the model"."""
+    """ "blocks.0.mlp.up Wgrad"; a model that is itself the layer (its path "") is "the model"."""
     return f"{layer or 'the model'} {gemm.capitalize()}"
 
 
