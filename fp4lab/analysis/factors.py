@@ -31,6 +31,11 @@ def design_factors(runs: pd.DataFrame) -> list[str]:
     return [c for c in runs.columns if c not in skip and runs[c].astype(str).nunique() > 1]
 
 
+def _share(part: float, total: float) -> float:
+    """part / total; NaN where the total sum of squares is 0 (every outcome the same)."""
+    return part / total if total > 0 else NAN
+
+
 def seed_factors(runs: pd.DataFrame) -> list[str]:
     """The seed streams that vary between runs."""
     return [c for c in SEEDS if c in runs.columns and runs[c].nunique() > 1]
@@ -147,7 +152,7 @@ def variance_decomposition(
         row |= dict(share=NAN, share_lo=NAN, share_hi=NAN, effect=NAN, effect_lo=NAN)
         row |= dict(effect_hi=NAN, confounded_with=", ".join(fixed_by) if df[f] == 0 else "")
         if df[f]:
-            row |= dict(eta2=point[f"ss:{f}"] / point["sst"], share=point[f])
+            row |= dict(eta2=_share(point[f"ss:{f}"], point["sst"]), share=point[f])
             row |= dict(
                 zip(("share_lo", "share_hi"), percentile_interval(boots[f], level), strict=True)
             )
@@ -157,7 +162,7 @@ def variance_decomposition(
         rows.append(row)
     lo, hi = percentile_interval(boots["residual"], level)
     rows.append(
-        dict(factor="residual", levels=n, df=df_res, eta2=point["rss"] / point["sst"])
+        dict(factor="residual", levels=n, df=df_res, eta2=_share(point["rss"], point["sst"]))
         | dict(share=point["residual"], share_lo=lo, share_hi=hi)
         | dict(effect=NAN, effect_lo=NAN, effect_hi=NAN, confounded_with="")
     )

@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from fp4lab.core import recipes
 from fp4lab.core.recipes import GemmRecipe
 from fp4lab.core.spec import QuantSpec
 from fp4lab.schema import SEED_LIMIT, STREAMS, did_you_mean
@@ -236,7 +237,7 @@ def _brief(value) -> str:
 
     def brief(v) -> str:
         if isinstance(v, GemmRecipe):
-            return v.name or "GemmRecipe(...)"
+            return _recipe_label(v)
         if isinstance(v, QuantSpec):
             return v.summary()
         if isinstance(v, dict):
@@ -247,6 +248,24 @@ def _brief(value) -> str:
         return repr(v)
 
     return brief(value) if values(value) else str(value)
+
+
+def _recipe_label(recipe: GemmRecipe) -> str:
+    """A GemmRecipe's name; one that differs from the registered recipe of its name (a
+    `replace` keeps the name) says how: "nvfp4+outputs=e2m1/1x32/e8m0", "nvfp4+modified"."""
+    name = recipe.name or "GemmRecipe(...)"
+    registered = recipes.get(recipe.name) if recipe.name in recipes.names() else None
+    if registered is None or registered == recipe:
+        return name
+    parts = [
+        f"{field}={getattr(recipe, field).summary() if getattr(recipe, field) else None}"
+        for field in ("norms", "outputs")
+        if getattr(recipe, field) != getattr(registered, field)
+    ]
+    same = dataclasses.replace(recipe, norms=registered.norms, outputs=registered.outputs)
+    if same != registered:
+        parts.append("modified")
+    return "+".join([name, *parts])
 
 
 def _data(cfg: Config) -> dict[str, str]:

@@ -503,7 +503,9 @@ def load(
     if isinstance(names, list) and len(chosen):  # a name no run has: said, not an empty table
         found = set(table["metric"].unique())
         for missing in (n for n in names if n not in found):
-            hint = did_you_mean(missing, sorted(found | set(RECORDED_SERIES)))
+            hint = did_you_mean(missing, sorted((found | set(RECORDED_SERIES)) - {missing}))
+            if missing in RECORDED_SERIES:
+                hint = " (a series these runs' configs or task do not record)"
             warnings.warn(f"load({p}): no run here has the metric {missing!r}{hint}", stacklevel=2)
     provenance_frame = frames.provenance_frame(chosen, store.index().provenances())
     return Results(p, runs, table, manifest, provenance_frame, stale, n_stale, fields)

@@ -43,3 +43,18 @@ def test_no_summary_column_is_taken_for_a_design_factor():
     assert t.loc["nvfp4", "overhead"] == pytest.approx(
         np.exp(np.mean(np.log([21, 22, 23])) - np.mean(np.log([19, 20, 21]))) - 1
     )
+
+
+def test_identical_outcomes_give_no_shares_and_no_numpy_warning():
+    import warnings
+
+    from fp4lab.analysis import factors
+
+    runs = pd.DataFrame({"run_id": list("abcd"), "experiment": "e", "cell": ["x", "x", "y", "y"],
+                         "status": "ok", "seed_init": [0, 1, 0, 1], "seed_data": [0, 1, 0, 1],
+                         "seed_quant": [0, 1, 0, 1], "recipe": ["bf16", "bf16", "fp32", "fp32"],
+                         "final_loss": [1.0] * 4})  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = factors.variance_decomposition(runs, "final_loss")
+    assert table["eta2"].isna().all()

@@ -131,3 +131,25 @@ def test_config_gemms_outputs_trains_and_is_its_own_run():
     assert Config.from_dict(cfg.to_dict()) == cfg
     a, b = (jax.jit(make_train(c))(make_keys(0, 0, 0)) for c in (base, cfg))
     assert np.isfinite(b["loss"]).all() and not np.array_equal(a["loss"], b["loss"])
+
+
+def test_a_registered_recipe_changed_by_replace_is_labelled_by_the_change(tmp_path):
+    from fp4lab import sweep
+
+    path = tmp_path / "exp.py"
+    path.write_text(
+        "import fp4lab as fl\n"
+        "def get_config():\n"
+        "    return fl.Config(task='proxy', din=32, dout=32, teacher_hidden=(32,), d_model=32,\n"
+        "                     d_ff=64, n_layers=1, batch_size=16, steps=3, eval_batches=1)\n"
+        "def sweep(add):\n"
+        "    add(recipe='nvfp4')\n"
+        "    add(recipe=fl.recipes.get('nvfp4').replace(outputs=fl.mxfp4()))\n"
+        "    add(recipe=fl.recipes.get('nvfp4').replace(fprop_x=None))\n"
+    )
+    labels = [c.label for c in sweep.load_experiment(path).cells]
+    assert labels == [
+        "recipe=nvfp4",
+        "recipe=nvfp4+outputs=e2m1/1x32/e8m0",
+        "recipe=nvfp4+modified",
+    ]

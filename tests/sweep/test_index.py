@@ -75,6 +75,8 @@ def test_load_reads_only_the_cells_seeds_and_metrics_asked_for(tmp_path):
     res = store.load(out, metrics="loss", cells=["b"], seeds={"init": [1]})
     assert list(res.runs["cell"]) == ["b"] and list(res.runs["seed_init"]) == [1]
     assert set(res.metrics["metric"]) == {"loss"}
+    with pytest.warns(UserWarning, match=r"'attn_logit_max' \(a series these runs' configs or"):
+        store.load(out, metrics=["attn_logit_max"])  # a known series, not recorded here
     assert set(res.metrics["run_id"]) == set(res.runs["run_id"]) and len(res.metrics) == 3
     none = store.load(out, metrics=False)
     assert len(none.runs) == 4 and none.metrics.empty
@@ -215,3 +217,5 @@ def test_a_metric_no_run_has_is_warned_with_the_nearest_name(tmp_path):
     with pytest.warns(UserWarning, match=said):
         res = store.load(out, metrics=["losss", "loss"])
     assert set(res.metrics["metric"]) == {"loss"}
+    with pytest.warns(UserWarning, match=r"'attn_logit_max' \(a series these runs' configs or"):
+        store.load(out, metrics=["attn_logit_max"])  # a known series, not recorded here
