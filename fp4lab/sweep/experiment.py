@@ -58,6 +58,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from fp4lab.core import recipes
 from fp4lab.core.recipes import GemmRecipe
 from fp4lab.core.spec import QuantSpec
@@ -86,8 +88,6 @@ def analyzed(exp: Experiment, results, which: str = "") -> dict:
     """The experiment file's `analyze(results)`, checked: {name: DataFrame}, each name usable
     as a file name. Raises ExperimentError (naming the file, `which` runs, and what it raised
     or returned) where it raises or returns anything else."""
-    import pandas as pd
-
     runs = f" of the {which} runs" if which else ""
     try:
         tables = exp.analyze(results)

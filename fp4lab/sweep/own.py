@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from fp4lab.sweep import runner
@@ -227,8 +228,6 @@ _VALUE_MODULES = {"builtins", "fractions", "decimal", "datetime", "numpy", "nump
 
 def _array(value) -> np.ndarray:
     """An array-like's content as a NumPy array; a JAX PRNG key by its key data."""
-    import jax
-
     if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
         return np.asarray(jax.random.key_data(value))
     try:
